@@ -1,0 +1,41 @@
+"""The ``asrpool`` command: one entry point, one subcommand per job.
+
+Each part registers its own subcommands and imports its heavy modules (torch, kopf)
+only when its subcommand runs, so ``asrpool route --help`` never loads a model stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _registrars() -> list[Registrar]:
+    from asrpool.operator import cli as operator_cli
+    from asrpool.router import cli as router_cli
+    from asrpool.server import cli as server_cli
+
+    return [server_cli.register, router_cli.register, operator_cli.register]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asrpool", description="Serve streaming speech recognition at scale."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in _registrars():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Contracts shared by every part: the client protocol, the Redis registry, API keys."""

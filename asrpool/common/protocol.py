@@ -1,0 +1,122 @@
+"""The client protocol: Kyutai moshi-server STT over a websocket, as MessagePack maps.
+
+Both the server pod and the router speak it on ``GET /api/asr-streaming``. Every
+binary frame is one MessagePack map with a ``"type"`` field; text frames are ignored.
+Extensions (resume tokens, pod tokens) travel in HTTP headers of the upgrade, so a
+plain Kyutai client never sees a message it cannot parse.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+import msgpack
+import numpy as np
+
+SAMPLE_RATE = 24_000
+FRAME_SIZE = 1920  # samples per model step (80 ms)
+FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 Hz
+STREAMING_PATH = "/api/asr-streaming"
+
+API_KEY_HEADER = "kyutai-api-key"
+API_KEY_QUERY = "auth_id"
+POD_TOKEN_HEADER = "asrpool-pod-token"
+RESUME_TOKEN_HEADER = "asrpool-resume-token"
+SESSION_ID_HEADER = "asrpool-session-id"
+
+# Kyutai's file client sends 1 s (24,000-sample) silences; leave ample room.
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+BUSY_MESSAGE = "no free channels"
+
+
+class AudioMessage(TypedDict):
+    type: Literal["Audio"]
+    pcm: np.ndarray  # float32, mono, 24 kHz
+
+
+class MarkerMessage(TypedDict):
+    type: Literal["Marker"]
+    id: int
+
+
+class InitMessage(TypedDict):
+    type: Literal["Init"]
+
+
+ClientMessage = AudioMessage | MarkerMessage | InitMessage
+
+
+class ProtocolError(ValueError):
+    """A client message that cannot be accepted; ``code`` is a stable machine name."""
+
+    def __init__(self, message: str, code: str = "bad_message") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """Pack one outgoing message (``Ready``, ``Word``, ``EndWord``, ``Marker``, ...)."""
+    return msgpack.packb(message, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def ready() -> bytes:
+    return encode({"type": "Ready"})
+
+
+def error(message: str, code: str | None = None) -> bytes:
+    body: dict[str, Any] = {"type": "Error", "message": message}
+    if code is not None:
+        body["code"] = code
+    return encode(body)
+
+
+def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ClientMessage:
+    """Parse and validate one binary frame from a client.
+
+    Raises :class:`ProtocolError` naming what is wrong; never returns a half-valid message.
+    """
+    if len(data) > max_bytes:
+        raise ProtocolError(
+            f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes", "too_large"
+        )
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"malformed MessagePack ({type(exc).__name__}: {exc})", "malformed") from exc
+    if not isinstance(body, dict):
+        raise ProtocolError(f"expected a MessagePack map, got {type(body).__name__}")
+    kind = body.get("type")
+    if kind == "Audio":
+        return {"type": "Audio", "pcm": _pcm(body.get("pcm"))}
+    if kind == "Marker":
+        return {"type": "Marker", "id": _marker_id(body.get("id"))}
+    if kind == "Init":
+        return {"type": "Init"}
+    if kind is None:
+        raise ProtocolError("message has no 'type' field")
+    raise ProtocolError(f"unknown message type {kind!r}", "unknown_type")
+
+
+def _pcm(value: Any) -> np.ndarray:
+    if isinstance(value, bytes | bytearray):
+        raise ProtocolError("'pcm' must be an array of floats, got bytes")
+    if not isinstance(value, list | tuple):
+        raise ProtocolError(f"'pcm' must be an array of floats, got {type(value).__name__}")
+    try:
+        raw = np.asarray(value) if value else np.zeros(0, dtype=np.float32)
+    except ValueError as exc:  # ragged nesting
+        raise ProtocolError("'pcm' must be a flat array of numbers") from exc
+    if raw.ndim != 1 or raw.dtype.kind not in "fiu":
+        raise ProtocolError("'pcm' must be a flat array of numbers")
+    pcm = raw.astype(np.float32)
+    if not np.isfinite(pcm).all():
+        raise ProtocolError("'pcm' contains NaN or infinite samples", "bad_audio")
+    return pcm
+
+
+def _marker_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"'id' of a Marker must be an integer, got {value!r}")
+    if not -(2**63) <= value < 2**63:
+        raise ProtocolError("'id' of a Marker is out of the 64-bit range")
+    return value

