@@ -1,0 +1,81 @@
+"""API keys, stored hashed: the file format that server pods and routers both read.
+
+The file (or the Kubernetes Secret mounted as a file) is YAML or JSON::
+
+    keys:
+      - id: team-a                 # shown in metrics and logs, never the key itself
+        sha256: 5e884898da28...    # hex SHA-256 of the key
+        max_streams: 8             # optional limit of concurrent streams (router)
+
+Clients send the plain key in the ``kyutai-api-key`` header or the ``auth_id`` query
+parameter, as Kyutai's clients do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import re
+from pathlib import Path
+
+import yaml
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class KeyFileError(ValueError):
+    """The key file is missing or malformed; the message says where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiKey:
+    id: str
+    sha256: str
+    max_streams: int | None = None
+
+
+def hash_key(plain: str) -> str:
+    return hashlib.sha256(plain.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRing:
+    keys: tuple[ApiKey, ...]
+
+    def find(self, plain: str | None) -> ApiKey | None:
+        """The key entry matching ``plain``, compared in constant time, or None."""
+        if not plain:
+            return None
+        digest = hash_key(plain)
+        match = None
+        for key in self.keys:
+            if hmac.compare_digest(key.sha256, digest):
+                match = key
+        return match
+
+
+def load_keys(path: str | Path) -> KeyRing:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise KeyFileError(f"cannot read API key file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise KeyFileError(f"API key file {path} is not valid YAML/JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise KeyFileError(f"API key file {path} must be a map with a 'keys' list")
+    return KeyRing(tuple(_parse_key(entry, path, i) for i, entry in enumerate(data["keys"])))
+
+
+def _parse_key(entry: object, path: str | Path, index: int) -> ApiKey:
+    where = f"{path}: keys[{index}]"
+    if not isinstance(entry, dict):
+        raise KeyFileError(f"{where} must be a map with 'id' and 'sha256'")
+    key_id, digest, limit = entry.get("id"), entry.get("sha256"), entry.get("max_streams")
+    if not isinstance(key_id, str) or not key_id:
+        raise KeyFileError(f"{where}: 'id' must be a non-empty string")
+    if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
+        raise KeyFileError(f"{where}: 'sha256' must be 64 hex digits (the key's SHA-256)")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise KeyFileError(f"{where}: 'max_streams' must be a positive integer")
+    return ApiKey(id=key_id, sha256=digest.lower(), max_streams=limit)
