@@ -56,7 +56,8 @@ class ProtocolError(ValueError):
 
 def encode(message: dict[str, Any]) -> bytes:
     """Pack one outgoing message (``Ready``, ``Word``, ``EndWord``, ``Marker``, ...)."""
-    return msgpack.packb(message, use_bin_type=True)  # type: ignore[no-any-return]
+    packed: bytes = msgpack.packb(message, use_bin_type=True)
+    return packed
 
 
 def ready() -> bytes:
@@ -82,7 +83,8 @@ def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Cl
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"malformed MessagePack ({type(exc).__name__}: {exc})", "malformed") from exc
+        reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        raise ProtocolError(f"malformed MessagePack ({reason})", "malformed") from exc
     if not isinstance(body, dict):
         raise ProtocolError(f"expected a MessagePack map, got {type(body).__name__}")
     kind = body.get("type")

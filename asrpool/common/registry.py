@@ -114,4 +114,4 @@ async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodHeartbeat]:
 
 
 async def read_pools(redis: aioredis.Redis) -> list[str]:
-    return sorted(_text(p) for p in await redis.smembers(POOLS_KEY))  # type: ignore[misc]
+    return sorted(_text(p) for p in await redis.smembers(POOLS_KEY))

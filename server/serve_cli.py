@@ -1,0 +1,91 @@
+"""The ``asrpool serve`` subcommand (the server pod).
+
+Every flag has an ``ASRPOOL_*`` environment variable (pydantic-settings); a flag given
+on the command line wins. Heavy imports (torch, fastapi, uvicorn) happen only when the
+command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+# flag -> (settings field, type, help). Defaults live in ServerSettings alone.
+_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--model": ("model", str, "tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>"),
+    "--batch-size": ("batch_size", int, "stream slots (rows of the batched engine)"),
+    "--context": ("context", int, "rolling KV cache length in steps (default: the model's)"),
+    "--device": ("device", str, "torch device (cpu, cuda, cuda:1)"),
+    "--dtype": ("dtype", str, "float32 | bfloat16 | float16"),
+    "--host": ("host", str, "address to listen on (default 0.0.0.0)"),
+    "--port": ("port", int, "port to listen on (default 8080)"),
+    "--redis-url": ("redis_url", str, "heartbeat into this Redis (slot registry)"),
+    "--pool": ("pool", str, "pool name (default 'default')"),
+    "--pod-id": ("pod_id", str, "pod id in the registry (default: the hostname)"),
+    "--advertise-address": ("advertise_address", str, "host:port routers dial"),
+    "--api-keys-file": ("api_keys_file", str, "hashed API key file; clients then need a key"),
+    "--pod-token": ("pod_token", str, "shared secret routers send in asrpool-pod-token"),
+    "--drain-grace-seconds": ("drain_grace_seconds", float, "SIGTERM: wait this long"),
+    "--max-buffer-seconds": ("max_buffer_seconds", float, "per-slot audio cap (backpressure)"),
+    "--resume-grace-seconds": ("resume_grace_seconds", float, "keep a dropped stream this long"),
+    "--idle-timeout-seconds": ("idle_timeout_seconds", float, "drop a silent client after"),
+    "--ping-interval-seconds": ("ping_interval_seconds", float, "websocket ping period"),
+    "--max-message-bytes": ("max_message_bytes", int, "largest client message accepted"),
+    "--heartbeat-interval-seconds": ("heartbeat_interval_seconds", float, "Redis beat period"),
+    "--log-level": ("log_level", str, "debug | info | warning | error"),
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run a server pod (batched engine + websocket)",
+        description="Run a server pod: a batched streaming engine behind a Kyutai-compatible "
+                    "websocket. Every flag can also be set as ASRPOOL_<NAME> (flags win).")
+    for flag, (field, kind, text) in _FLAGS.items():
+        env = "ASRPOOL_" + field.upper()
+        parser.add_argument(flag, dest=field, type=kind, default=None, help=f"{text} [{env}]")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import pydantic
+    import uvicorn
+
+    from asrpool.common import auth
+    from asrpool.server import app as app_mod
+    from asrpool.server import draining, settings
+
+    flags = {field: getattr(args, field) for field, _, _ in _FLAGS.values()}
+    try:
+        config = settings.ServerSettings(**{k: v for k, v in flags.items() if v is not None})
+        deps = app_mod.build_deps(config)
+    except (pydantic.ValidationError, auth.KeyFileError) as exc:
+        raise SystemExit(f"asrpool serve: {exc}") from exc
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = app_mod.create_app(config, deps)
+    uv_config = uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level,
+        ws="websockets-sansio", ws_max_size=4 * config.max_message_bytes,
+        ws_ping_interval=config.ping_interval_seconds,
+        ws_ping_timeout=config.idle_timeout_seconds, timeout_graceful_shutdown=5,
+        lifespan="on")
+    server = draining.DrainingServer(uv_config, app.state.pod)
+    server.run()
+    failure = app.state.pod.failure
+    if failure is not None:
+        raise SystemExit(f"asrpool serve: {failure}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m asrpool.server.serve_cli`` (the same as ``asrpool serve``)."""
+    parser = argparse.ArgumentParser(prog="asrpool")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(argv or [])] if argv is not None else None)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Offline transcription of a file through the same batched engine the server runs.
+
+The stream runs in slot 0 of an engine with the server's batch size (a row's result
+does not depend on the other rows, but float rounding can depend on the batch size),
+fed exactly what Kyutai's file client would send, so its words equal the server's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from asrpool.server import events as ev
+from asrpool.server.engine import FRAME_SIZE, BatchedEngine
+
+
+class FrameBuffer:
+    """Samples of one stream, handed out in whole 1920-sample frames."""
+
+    def __init__(self) -> None:
+        self._samples: np.ndarray = np.zeros(0, dtype=np.float32)
+
+    def push(self, pcm: np.ndarray) -> None:
+        self._samples = np.concatenate([self._samples, pcm.astype(np.float32, copy=False)])
+
+    @property
+    def full_frames(self) -> int:
+        return len(self._samples) // FRAME_SIZE
+
+    def pop_frame(self) -> np.ndarray:
+        frame, self._samples = self._samples[:FRAME_SIZE], self._samples[FRAME_SIZE:]
+        return frame
+
+
+def run_messages(engine: BatchedEngine, messages: Iterable[dict[str, Any]],
+                 slot: int = 0) -> list[ev.Event]:
+    """Feed client messages to one slot until the last marker comes back."""
+    engine.reset_slot(slot)
+    buffer, out, open_markers = FrameBuffer(), [], 0
+    for message in messages:
+        if message["type"] == "Marker":
+            engine.add_marker(slot, message["id"], buffer.full_frames)
+            open_markers += 1
+            continue
+        buffer.push(message["pcm"])
+        while buffer.full_frames:
+            for event in engine.step({slot: buffer.pop_frame()}).events[slot]:
+                out.append(event)
+                open_markers -= isinstance(event, ev.Marker)
+        if open_markers == 0 and any(isinstance(e, ev.Marker) for e in out):
+            break
+    return out
+
+
+def words_of(events: Iterable[ev.Event]) -> list[ev.Word | ev.EndWord]:
+    return [e for e in events if isinstance(e, ev.Word | ev.EndWord)]
