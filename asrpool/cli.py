@@ -7,6 +7,7 @@ only when its subcommand runs, so ``asrpool route --help`` never loads a model s
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # torch warns on import that a CUDA build finds no CUDA runtime; on a CPU machine
+    # that is expected and only noise on every command's stderr.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
