@@ -35,9 +35,8 @@ def _add_transcribe(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _transcribe(args: argparse.Namespace) -> int:
-    from asrpool.server import engine, events, models, transcribing
-
     from asrpool.common import audio
+    from asrpool.server import engine, events, models, transcribing
 
     try:
         pcm = audio.load_audio(args.file)

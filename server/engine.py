@@ -20,10 +20,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
+from moshi.models.lm import LMGen
+
 from asrpool.server import events as ev
 from asrpool.server import models
 from asrpool.server.models import LoadedModel
-from moshi.models.lm import LMGen
 
 FRAME_SIZE = 1920
 

@@ -19,11 +19,12 @@ from typing import Any
 
 import sentencepiece
 import torch
-from asrpool.server import codebooks, tokenizers
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 from moshi.utils import compile as moshi_compile
+
+from asrpool.server import codebooks, tokenizers
 
 FRAME_RATE = 12.5
 

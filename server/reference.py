@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from moshi.models.lm import LMGen
+
 from asrpool.server import models
 from asrpool.server.models import LoadedModel
-from moshi.models.lm import LMGen
 
 
 @dataclasses.dataclass

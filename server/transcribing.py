@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
 from asrpool.server import events as ev
 from asrpool.server.engine import FRAME_SIZE, BatchedEngine
 

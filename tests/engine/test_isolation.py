@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from asrpool.server import engine, models
 
+from asrpool.server import engine, models
 from tests.support import streams
 
 BATCH = 16

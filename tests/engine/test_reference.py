@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from asrpool.server import engine, models, reference
 
+from asrpool.server import engine, models, reference
 from tests.support import streams
 
 BATCH = 8
