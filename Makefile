@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/asrpool transcribe samples/hello.wav --model tiny
+	$(BIN)/asrpool demo
 
 test: lint typecheck unit
 

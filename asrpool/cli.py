@@ -15,11 +15,12 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _registrars() -> list[Registrar]:
+    from asrpool.client import cli as client_cli
     from asrpool.operator import cli as operator_cli
     from asrpool.router import cli as router_cli
     from asrpool.server import cli as server_cli
 
-    return [server_cli.register, router_cli.register, operator_cli.register]
+    return [server_cli.register, router_cli.register, operator_cli.register, client_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

