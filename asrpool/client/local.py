@@ -122,13 +122,21 @@ class LocalPlatform:
             await client.aclose()
 
     def stop(self) -> None:
-        """SIGTERM every child (router and pods first, Redis last), then SIGKILL."""
-        for child in reversed(self.children):
-            _terminate(child.process)
-        self.children.clear()
-        for path in self.workdir.glob("*"):
-            path.unlink()
-        self.workdir.rmdir()
+        """SIGTERM every child (router and pods first, Redis last), then SIGKILL.
+
+        A second Ctrl-C meanwhile is held back until every child is gone.
+        """
+        held = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            for child in reversed(self.children):
+                _terminate(child.process)
+            self.children.clear()
+            for path in self.workdir.glob("*"):
+                path.unlink()
+            self.workdir.rmdir()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
     def __enter__(self) -> LocalPlatform:
         try:
@@ -162,23 +170,27 @@ def _http_ok(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt, so that both end in a clean stop."""
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt and so end in a clean stop.
+
+    SIGINT is set explicitly: a shell starts background jobs with it ignored.
+    """
     def _raise(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_up(args: argparse.Namespace) -> int:
     from asrpool.client import tables
 
     try:
-        with _stop_on_sigterm(), _platform(args) as platform:
+        with _stop_on_signals(), _platform(args) as platform:
             tables.show_live(platform)
     except KeyboardInterrupt:
         pass
@@ -192,7 +204,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from asrpool.client import demo
 
     try:
-        with _stop_on_sigterm(), _platform(args) as platform:
+        with _stop_on_signals(), _platform(args) as platform:
             return demo.run(platform, Path(args.file) if args.file else SAMPLE)
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,151 @@
+"""The whole platform on one machine: `asrpool demo`, `asrpool up` and `asrpool stream`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from websockets.asyncio.client import connect
+
+from asrpool.common import auth
+from tests.support import processes, servers
+from tests.support.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "samples" / "hello.wav"
+
+
+def _asrpool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "asrpool.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _transcribe_words(batch_size: int) -> list[str]:
+    result = _asrpool("transcribe", str(SAMPLE), "--json", "--batch-size", str(batch_size))
+    assert result.returncode == 0, result.stderr
+    return [m["text"] for m in map(json.loads, result.stdout.splitlines()) if m["type"] == "Word"]
+
+
+def test_demo_prints_the_transcript_of_the_pods_batch_size() -> None:
+    result = _asrpool("demo", "--port", str(free_port()), "--slots-per-pod", "2")
+    assert result.returncode == 0, result.stderr
+    transcript = result.stdout.strip().splitlines()[-1]
+    assert transcript.split() == " ".join(_transcribe_words(batch_size=2)).split()
+    assert "2 pods, 4 slots" in result.stdout
+
+
+class UpProcess:
+    def __init__(self, policy: str) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "asrpool.cli", "up", "--pods", "2", "--slots-per-pod", "2",
+             "--port", str(self.port), "--policy", policy],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stderr.read()  # type: ignore[union-attr]
+            pools = self.pools()
+            if pools and len(pools.get("default", {}).get("pods", [])) == 2:
+                return
+            time.sleep(0.3)
+        raise AssertionError("asrpool up did not start in time")
+
+    def pools(self) -> dict[str, Any] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/pools") as response:
+                return dict(json.load(response)["pools"])
+        except OSError:
+            return None
+
+    def stream(self, rtf: str = "1.0") -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "asrpool.cli", "stream", f"ws://127.0.0.1:{self.port}",
+             str(SAMPLE), "--rtf", rtf, "--json"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+
+def _sessions_per_pod(up: UpProcess) -> list[int]:
+    pools = up.pools() or {}
+    return sorted(pod["router_sessions"] for pod in pools["default"]["pods"])
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("spread", [1, 1]), ("pack", [0, 2])])
+def test_up_places_streams_per_policy_and_ctrl_c_leaves_nothing(
+    policy: str, expected: list[int]
+) -> None:
+    up = UpProcess(policy)
+    try:
+        up.wait_ready()
+        tree = processes.descendants(up.process.pid)
+        assert len(tree) >= 4  # redis, two pods, a router (and their helpers)
+        clients = [up.stream(), up.stream()]
+        deadline = time.monotonic() + 30
+        while sum(_sessions_per_pod(up)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sessions_per_pod(up) == expected
+        for client in clients:
+            out, err = client.communicate(timeout=120)
+            assert client.returncode == 0, err
+            assert any(json.loads(line)["type"] == "Word" for line in out.splitlines())
+        up.process.send_signal(signal.SIGINT)
+        assert up.process.wait(timeout=60) == 0
+        deadline = time.monotonic() + 10
+        while any(processes.alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in tree if processes.alive(pid)]
+    finally:
+        if up.process.poll() is None:
+            up.process.kill()
+
+
+def test_stream_reports_a_missing_file_in_one_line() -> None:
+    result = _asrpool("stream", "ws://127.0.0.1:9", "/nonexistent.wav")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "asrpool stream: no such audio file: /nonexistent.wav"
+
+
+def test_stream_reports_an_unsupported_format_in_one_line() -> None:
+    result = _asrpool("stream", "ws://127.0.0.1:9", str(ROOT / "pyproject.toml"))
+    assert result.returncode == 1
+    assert "cannot decode" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_stream_reports_a_router_that_is_down() -> None:
+    port = free_port()
+    result = _asrpool("stream", f"ws://127.0.0.1:{port}", str(SAMPLE))
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"asrpool stream: cannot connect to ws://127.0.0.1:{port}")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_stream_reports_a_bad_key(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - id: team\n    sha256: {auth.hash_key('right-key')}\n")
+    with servers.ServerProcess(tmp_path, batch_size=1,
+                               args=["--api-keys-file", str(keys)]) as server:
+        server.wait_ready()
+        result = _asrpool("stream", server.ws_url, str(SAMPLE), "--api-key", "wrong-key")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "asrpool stream: authentication failed (HTTP 401): check --api-key")
+
+
+async def test_stream_reports_a_busy_pool(tmp_path: Path) -> None:
+    with servers.ServerProcess(tmp_path, batch_size=1) as server:
+        server.wait_ready()
+        async with connect(server.ws_url) as holder:
+            assert msgpack.unpackb(await holder.recv())["type"] == "Ready"
+            result = await asyncio.to_thread(_asrpool, "stream", server.ws_url, str(SAMPLE))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "asrpool stream: server error: no free channels"
