@@ -1,9 +1,77 @@
-"""Subcommands of the operator (registered into the ``asrpool`` command)."""
+"""Subcommands of the operator (registered into the ``asrpool`` command).
+
+Registering imports nothing heavy: kopf, kubernetes and pydantic load only when the
+subcommand runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pydantic
+
+    from asrpool.operator import settings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del subparsers  # filled in by the operator's issue
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the Kubernetes operator for StreamingASRPool resources",
+        description="Run the kopf operator that turns StreamingASRPool resources into server"
+        " pods. Every flag can also be set as an ASRPOOL_* environment variable; flags win.",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", dest="namespaces", action="append", metavar="NAME",
+                       help="watch this namespace (repeatable; ASRPOOL_NAMESPACES=a,b)")
+    scope.add_argument("-A", "--all-namespaces", action="store_const", const=True,
+                       help="watch every namespace (ASRPOOL_ALL_NAMESPACES=true)")
+    parser.add_argument("--redis-url", help="Redis the pods heartbeat to (ASRPOOL_REDIS_URL)")
+    parser.add_argument("--pod-redis-url",
+                        help="Redis URL as the server pods reach it, if not --redis-url")
+    parser.add_argument("--default-image", help="server image for pools that name none")
+    parser.add_argument("--resync-seconds", type=float,
+                        help="seconds between passes over each pool (drift, status, autoscaling)")
+    parser.add_argument("--termination-margin-seconds", type=int,
+                        help="termination grace beyond a pool's drain grace period")
+    parser.add_argument("--kube-api-url",
+                        help="plain HTTP API endpoint such as `kubectl proxy`; default:"
+                        " in-cluster credentials, then kubeconfig")
+    parser.add_argument("--liveness", dest="liveness_endpoint", metavar="URL",
+                        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument("--log-level", help="debug, info, warning, error")
+    parser.set_defaults(handler=_run)
+
+
+_FIELDS = (
+    "namespaces", "all_namespaces", "redis_url", "pod_redis_url", "default_image",
+    "resync_seconds", "termination_margin_seconds", "kube_api_url", "liveness_endpoint",
+    "log_level",
+)
+
+
+def load_settings(args: argparse.Namespace) -> settings.OperatorSettings:
+    """Flags over ``ASRPOOL_*`` environment variables over defaults."""
+    from asrpool.operator import settings
+
+    given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name) is not None}
+    return settings.OperatorSettings(**given)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import pydantic
+
+    from asrpool.operator import running
+
+    try:
+        config = load_settings(args)
+    except pydantic.ValidationError as exc:
+        print(f"asrpool operator: {_errors(exc)}", file=sys.stderr)
+        return 2
+    return running.run(config)
+
+
+def _errors(exc: pydantic.ValidationError) -> str:
+    return "; ".join(str(error["msg"]) for error in exc.errors())

@@ -1,0 +1,206 @@
+"""Pure builders: one pool to the plain dicts of its children.
+
+Nothing here talks to Kubernetes; handlers adopt these dicts (owner references) and
+apply them. Quantities and numbers that the API server renders as strings are built as
+strings, so that a child read back compares equal to what was built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from asrpool.operator import naming, pools, settings
+
+KEYS_DIR = "/etc/asrpool/keys"
+Child = dict[str, Any]
+
+
+def build_all(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
+    """Every child of the pool, the ConfigMap first (the pods read it)."""
+    config_map = build_config_map(pool, config)
+    return [
+        config_map,
+        build_deployment(pool, config, config_hash(config_map)),
+        build_service(pool),
+        build_disruption_budget(pool),
+    ]
+
+
+def build_config_map(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
+    """The server's settings as ``ASRPOOL_*`` variables (read through ``envFrom``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(pool, naming.config_map(pool.name)),
+        "data": server_environment(pool, config),
+    }
+
+
+def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> dict[str, str]:
+    env = {
+        "ASRPOOL_MODEL": pool.model,
+        "ASRPOOL_BATCH_SIZE": str(pool.slots_per_pod),
+        "ASRPOOL_CONTEXT": str(pool.context),
+        "ASRPOOL_DEVICE": pool.device,
+        "ASRPOOL_HOST": "0.0.0.0",
+        "ASRPOOL_PORT": str(settings.SERVER_PORT),
+        "ASRPOOL_POOL": pool.name,
+        "ASRPOOL_REDIS_URL": config.server_redis_url,
+        "ASRPOOL_DRAIN_GRACE_SECONDS": str(pool.drain_grace_seconds),
+    }
+    if pool.revision:
+        env["ASRPOOL_MODEL_REVISION"] = pool.revision
+    if pool.api_keys is not None:
+        env["ASRPOOL_API_KEYS_FILE"] = f"{KEYS_DIR}/{pool.api_keys.key}"
+    return env
+
+
+def config_hash(config_map: Child) -> str:
+    """A digest of the ConfigMap's data: in the pod template, so a change rolls the pods."""
+    text = json.dumps(config_map["data"], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_deployment(pool: pools.Pool, config: settings.OperatorSettings, digest: str) -> Child:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(pool, naming.deployment(pool.name)),
+        "spec": {
+            "replicas": pool.pods,
+            "selector": {"matchLabels": naming.selector(pool.name)},
+            # One new pod before an old one goes: a roll never lowers the slots on offer,
+            # and each old pod drains its streams on SIGTERM.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 3,
+            "template": build_pod_template(pool, config, digest),
+        },
+    }
+
+
+def build_pod_template(pool: pools.Pool, config: settings.OperatorSettings, digest: str) -> Child:
+    spec: Child = {
+        "terminationGracePeriodSeconds": termination_grace(pool, config),
+        "containers": [build_container(pool, config)],
+        "enableServiceLinks": False,
+    }
+    spec.update(_placement(pool))
+    if pool.api_keys is not None:
+        spec["volumes"] = [_keys_volume(pool.api_keys)]
+    return {
+        "metadata": {
+            "labels": naming.labels(pool.name),
+            "annotations": {naming.CONFIG_HASH_ANNOTATION: digest},
+        },
+        "spec": spec,
+    }
+
+
+def termination_grace(pool: pools.Pool, config: settings.OperatorSettings) -> int:
+    """Drain grace plus a margin: the kubelet's SIGKILL never lands before the drain ends."""
+    return pool.drain_grace_seconds + config.termination_margin_seconds
+
+
+def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
+    container: Child = {
+        "name": naming.SERVER_CONTAINER,
+        "image": pool.image or config.default_image,
+        "imagePullPolicy": pool.image_pull_policy,
+        "command": ["asrpool", "serve"],
+        "envFrom": [{"configMapRef": {"name": naming.config_map(pool.name)}}],
+        "env": _pod_environment(pool),
+        "ports": [{"name": "http", "containerPort": settings.SERVER_PORT, "protocol": "TCP"}],
+        "startupProbe": _probe("/healthz", period=5, failures=120),  # model loading: 10 min
+        "livenessProbe": _probe("/healthz", period=10, failures=3),
+        "readinessProbe": _probe("/readyz", period=2, failures=1),
+        "resources": build_resources(pool),
+    }
+    if pool.api_keys is not None:
+        container["volumeMounts"] = [{"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True}]
+    return container
+
+
+def _pod_environment(pool: pools.Pool) -> list[Child]:
+    env: list[Child] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "ASRPOOL_POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "ASRPOOL_ADVERTISE_ADDRESS", "value": f"$(POD_IP):{settings.SERVER_PORT}"},
+    ]
+    if pool.pod_token is not None:
+        ref = {"name": pool.pod_token.name, "key": pool.pod_token.key}
+        env.append({"name": "ASRPOOL_POD_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def _probe(path: str, *, period: int, failures: int) -> Child:
+    return {
+        "httpGet": {"path": path, "port": "http", "scheme": "HTTP"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def build_resources(pool: pools.Pool) -> Child:
+    """GPUs as both request and limit (extended resources must match); CPU/memory if set."""
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if pool.gpus > 0:
+        requests[pool.gpu_resource] = limits[pool.gpu_resource] = str(pool.gpus)
+    if pool.cpu:
+        requests["cpu"] = pool.cpu
+    if pool.memory:
+        requests["memory"] = limits["memory"] = pool.memory
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def _placement(pool: pools.Pool) -> Child:
+    placement: Child = {}
+    if pool.node_selector:
+        placement["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        placement["tolerations"] = [dict(item) for item in pool.tolerations]
+    if pool.affinity:
+        placement["affinity"] = dict(pool.affinity)
+    if pool.priority_class:
+        placement["priorityClassName"] = pool.priority_class
+    return placement
+
+
+def _keys_volume(secret: pools.SecretKey) -> Child:
+    return {"name": "api-keys", "secret": {"secretName": secret.name}}
+
+
+def build_service(pool: pools.Pool) -> Child:
+    """Headless: the router reaches pods by their advertised address; this is for
+    discovery and metrics scraping."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pool, naming.service(pool.name)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": naming.selector(pool.name),
+            "ports": [{"name": "http", "port": settings.SERVER_PORT, "targetPort": "http",
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def build_disruption_budget(pool: pools.Pool) -> Child:
+    """Voluntary evictions (node drains) take one pod at a time; each drains its streams."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(pool, naming.disruption_budget(pool.name)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector(pool.name)}},
+    }
+
+
+def _metadata(pool: pools.Pool, name: str) -> Child:
+    return {"name": name, "namespace": pool.namespace, "labels": naming.labels(pool.name)}

@@ -1,0 +1,45 @@
+"""Does a live object already say what we built? (the test for "nothing to change").
+
+The API server adds defaults, status and bookkeeping to what it stores, and writes
+resource quantities in canonical form ("0.5" comes back as "500m"), so a live object is
+compared as a superset of the built one: every built field must be there with the same
+value (quantities by their amount); lists must have the same length and match item by
+item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.utils import quantity
+
+QUANTITY_MAPS = ("requests", "limits")
+
+
+def contains(actual: Any, desired: Any, key: str = "") -> bool:
+    if isinstance(desired, Mapping):
+        same = _same_amount if key in QUANTITY_MAPS else contains
+        return isinstance(actual, Mapping) and all(
+            name in actual and same(actual[name], value, name) for name, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+        )
+    return bool(actual == desired)
+
+
+def _same_amount(actual: Any, desired: Any, name: str = "") -> bool:
+    """Two quantities of a resource, equal by amount ("0.5" and "500m")."""
+    try:
+        return bool(quantity.parse_quantity(actual) == quantity.parse_quantity(desired))
+    except (ValueError, TypeError):
+        return False
+
+
+def managed_patch(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that puts a built object's fields back on a live one."""
+    return {key: value for key, value in desired.items() if key not in ("apiVersion", "kind")}

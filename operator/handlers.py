@@ -1,0 +1,146 @@
+"""The kopf handlers, registered into a registry built per run (no import-time side effects).
+
+Handlers are thin: take the per-pool lock, run one reconcile pass, turn its result into
+a status patch, events and kopf errors. A change to the spec (``kubectl apply``,
+``kubectl scale``, an HPA, the built-in autoscaler) goes through the change handlers;
+a timer repairs drift (a child deleted or edited by hand), refreshes the status and
+autoscales.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from typing import Any
+
+import kopf
+import redis.asyncio as aioredis
+
+from asrpool.operator import (
+    applying,
+    autoscaling,
+    kube,
+    naming,
+    reconciling,
+    settings,
+    statuses,
+)
+
+POOL = (naming.GROUP, naming.VERSION, naming.PLURAL)
+API_RETRY_SECONDS = 5
+
+
+def build_registry(config: settings.OperatorSettings) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    _register_lifecycle(registry, config)
+    _register_pools(registry, config)
+    return registry
+
+
+def configure(kopf_settings: kopf.OperatorSettings) -> None:
+    """Keep kopf's bookkeeping in ``asrpool.io/`` annotations: the status schema is strict,
+    and only explicit events (not every log line) go to the pools."""
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=naming.GROUP)
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.GROUP, key="last-handled-configuration")
+    kopf_settings.posting.level = logging.WARNING
+
+
+def _register_lifecycle(registry: kopf.OperatorRegistry, config: settings.OperatorSettings) -> None:
+    if config.kube_api_url:
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=str(config.kube_api_url))
+
+    @kopf.on.startup(registry=registry)
+    async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure(settings)
+        api = kube.Kube(kube.load_configuration(config.kube_api_url))
+        memo.context = reconciling.Context(config, api, aioredis.Redis.from_url(config.redis_url))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        context: reconciling.Context = memo.context
+        await context.redis.aclose()
+        context.kube.close()
+
+
+def _register_pools(registry: kopf.OperatorRegistry, config: settings.OperatorSettings) -> None:
+    @kopf.on.resume(*POOL, id="reconcile", registry=registry)
+    @kopf.on.create(*POOL, id="reconcile", registry=registry)
+    @kopf.on.update(*POOL, id="reconcile", field="spec", registry=registry)
+    async def reconcile_pool(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+        result = await _pass(memo, body)
+        _report(body, patch, result)
+        if result.invalid:
+            raise kopf.PermanentError(f"invalid pool: {result.invalid}")
+
+    @kopf.timer(*POOL, id="resync", interval=config.resync_seconds,
+                initial_delay=config.resync_seconds, registry=registry)
+    async def resync_pool(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+        result = await _pass(memo, body)
+        _report(body, patch, result)
+        _autoscale(body, memo, patch, result)
+
+
+async def _pass(memo: kopf.Memo, body: kopf.Body) -> reconciling.Result:
+    """One reconcile pass; passes over one pool never overlap (per-pool lock in its memo)."""
+    lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
+    async with lock:
+        try:
+            return await reconciling.reconcile(memo.context, body)
+        except kube.KubeError as exc:
+            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_SECONDS) from exc
+
+
+def _report(body: kopf.Body, patch: kopf.Patch, result: reconciling.Result) -> None:
+    previous = dict(body.get("status") or {})
+    status = statuses.build(result.observed, previous, _now())
+    if statuses.changed(previous, status):
+        patch.status.update(status)
+    _post_events(body, result, previous)
+
+
+def _post_events(body: kopf.Body, result: reconciling.Result, previous: dict[str, Any]) -> None:
+    for child, action in result.actions:
+        if action is not applying.Action.UNCHANGED:
+            message = f"{action.value} {applying.describe(child)}"
+            kopf.event(body, type="Normal", reason=action.value, message=message)
+    if result.scaled_from is not None and result.pool is not None:
+        message = (f"server pods {result.scaled_from} -> {result.pool.pods} for"
+                   f" {result.pool.slots} slots")
+        if result.costs_set:
+            message += f"; deletion cost set on {result.costs_set} pods from live slot use"
+        kopf.event(body, type="Normal", reason="Scaled", message=message)
+    if result.invalid and result.invalid != _degraded_message(previous):
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=result.invalid)
+
+
+def _degraded_message(status: dict[str, Any]) -> str | None:
+    found = [c for c in status.get("conditions") or [] if c.get("type") == "Degraded"]
+    return found[0].get("message") if found else None
+
+
+def _autoscale(
+    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, result: reconciling.Result
+) -> None:
+    """Move ``spec.slots`` toward the slot use; the change handler then scales the pods."""
+    pool, slot_use = result.pool, result.observed.slot_use
+    if pool is None or not pool.autoscaling.enabled or slot_use is None:
+        return
+    now = time.monotonic()
+    sample = autoscaling.Sample(now, autoscaling.recommend(slot_use.active_streams, pool))
+    memo.samples = autoscaling.remember(memo.get("samples", []), sample, pool)
+    target = autoscaling.decide(memo.samples, now, pool.slots, pool)
+    if target != pool.slots:
+        patch.spec["slots"] = target
+        kopf.event(body, type="Normal", reason="Autoscaled", message=(
+            f"spec.slots {pool.slots} -> {target}: {slot_use.active_streams} active streams,"
+            f" {pool.autoscaling.target_free_fraction:.0%} kept free"))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,49 @@
+"""Names and labels of a pool's children: one place, so selectors always agree."""
+
+from __future__ import annotations
+
+GROUP = "asrpool.io"
+VERSION = "v1alpha1"
+PLURAL = "streamingasrpools"
+KIND = "StreamingASRPool"
+
+POOL_LABEL = f"{GROUP}/pool"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+SERVER_APP = "asrpool-server"
+MANAGER = "asrpool-operator"
+
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+SERVER_CONTAINER = "server"
+
+
+def selector(pool_name: str) -> dict[str, str]:
+    """The labels that pick a pool's server pods (immutable on a Deployment)."""
+    return {NAME_LABEL: SERVER_APP, POOL_LABEL: pool_name}
+
+
+def selector_text(pool_name: str) -> str:
+    """``selector`` as a label-selector string (``status.selector``, list queries)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector(pool_name).items()))
+
+
+def labels(pool_name: str) -> dict[str, str]:
+    return {**selector(pool_name), INSTANCE_LABEL: pool_name, MANAGED_BY_LABEL: MANAGER}
+
+
+def deployment(pool_name: str) -> str:
+    return pool_name
+
+
+def service(pool_name: str) -> str:
+    return pool_name
+
+
+def disruption_budget(pool_name: str) -> str:
+    return pool_name
+
+
+def config_map(pool_name: str) -> str:
+    return f"{pool_name}-config"

@@ -1,0 +1,256 @@
+"""A ``StreamingASRPool`` read into a typed, checked value.
+
+The CRD's schema rejects most bad input at the API server. What it cannot see (a pool
+that needs more GPUs than it may use, autoscaling bounds out of order, a name too long
+for its children) is checked here, and :class:`InvalidPool` says what to fix. Defaults
+mirror the CRD's own (a test holds them equal), because an API server that skips
+defaulting, or an older CRD, must not change what the operator builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
+DEFAULT_SLOTS_PER_POD = 8
+DEFAULT_CONTEXT = 375  # model steps of 80 ms: 30 s of rolling context
+DEFAULT_DRAIN_GRACE_SECONDS = 60
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_PULL_POLICY = "IfNotPresent"
+
+
+class InvalidPool(ValueError):
+    """The pool cannot be built as written; the message names the field and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Autoscaling:
+    enabled: bool = False
+    min_slots: int = 0
+    max_slots: int = 0
+    target_free_fraction: float = 0.25
+    scale_up_seconds: float = 0.0
+    scale_down_seconds: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SecretKey:
+    name: str
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """What the operator needs of one pool, defaults applied."""
+
+    name: str
+    namespace: str
+    model: str
+    slots: int
+    revision: str = ""
+    slots_per_pod: int = DEFAULT_SLOTS_PER_POD
+    context: int = DEFAULT_CONTEXT
+    image: str = ""
+    image_pull_policy: str = DEFAULT_PULL_POLICY
+    gpus: int = 1
+    gpu_resource: str = DEFAULT_GPU_RESOURCE
+    cpu: str = ""
+    memory: str = ""
+    max_gpus: int | None = None
+    drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_SECONDS
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    priority_class: str = ""
+    autoscaling: Autoscaling = Autoscaling()
+    api_keys: SecretKey | None = None
+    pod_token: SecretKey | None = None
+
+    @property
+    def pods(self) -> int:
+        """Server pods needed for ``slots`` stream slots: ceil(slots / slotsPerPod)."""
+        return pods_for(self.slots, self.slots_per_pod)
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus > 0 else "cpu"
+
+
+def pods_for(slots: int, slots_per_pod: int) -> int:
+    return math.ceil(slots / slots_per_pod)
+
+
+def from_body(body: Mapping[str, Any]) -> Pool:
+    """Read and check a pool object (``metadata`` and ``spec``); raise :class:`InvalidPool`."""
+    meta, spec = body.get("metadata", {}), body.get("spec") or {}
+    pool = Pool(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace") or "default"),
+        model=_text(_section(spec, "model"), "name", required=True, where="model."),
+        revision=_text(_section(spec, "model"), "revision", where="model."),
+        slots=_integer(spec, "slots", required=True),
+        slots_per_pod=_integer(spec, "slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1),
+        context=_integer(spec, "context", DEFAULT_CONTEXT, minimum=1),
+        image=_text(spec, "image"),
+        image_pull_policy=_text(spec, "imagePullPolicy") or DEFAULT_PULL_POLICY,
+        max_gpus=_optional_integer(spec, "maxGPUs"),
+        drain_grace_seconds=_integer(spec, "drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
+        node_selector=_mapping(spec, "nodeSelector"),
+        tolerations=tuple(_list(spec, "tolerations")),
+        affinity=_mapping(spec, "affinity"),
+        priority_class=_text(spec, "priorityClassName"),
+        autoscaling=_autoscaling(_section(spec, "autoscaling")),
+        api_keys=_secret(_section(spec, "auth"), "apiKeysSecret", "keys.yaml"),
+        pod_token=_secret(_section(spec, "auth"), "podTokenSecret", "token"),
+        **_resources(_section(spec, "resources")),
+    )
+    check(pool)
+    return pool
+
+
+def check(pool: Pool) -> None:
+    """The rules a schema cannot express; each failure says what to change."""
+    if len(pool.name) > MAX_NAME_LENGTH:
+        raise InvalidPool(
+            f"metadata.name {pool.name!r} is {len(pool.name)} characters; pools are named at"
+            f" most {MAX_NAME_LENGTH} so that their children's names and labels fit"
+        )
+    _check_autoscaling(pool)
+    _check_gpu_budget(pool, pool.slots, "spec.slots")
+    if pool.autoscaling.enabled:
+        _check_gpu_budget(pool, pool.autoscaling.max_slots, "spec.autoscaling.maxSlots")
+
+
+def _check_autoscaling(pool: Pool) -> None:
+    scaling = pool.autoscaling
+    if not scaling.enabled:
+        return
+    if scaling.max_slots < 1:
+        raise InvalidPool("spec.autoscaling.maxSlots must be at least 1 when autoscaling is on")
+    if scaling.min_slots > scaling.max_slots:
+        raise InvalidPool(
+            f"spec.autoscaling.minSlots ({scaling.min_slots}) is above maxSlots"
+            f" ({scaling.max_slots}); lower minSlots or raise maxSlots"
+        )
+
+
+def _check_gpu_budget(pool: Pool, slots: int, field: str) -> None:
+    if pool.max_gpus is None or pool.gpus == 0:
+        return
+    pods = pods_for(slots, pool.slots_per_pod)
+    if pods * pool.gpus <= pool.max_gpus:
+        return
+    reachable = (pool.max_gpus // pool.gpus) * pool.slots_per_pod
+    raise InvalidPool(
+        f"{field}={slots} needs {pods} pods x {pool.gpus} GPU = {pods * pool.gpus} GPUs, over"
+        f" spec.maxGPUs={pool.max_gpus}; lower {field} to at most {reachable}, raise"
+        f" spec.maxGPUs to {pods * pool.gpus}, or raise spec.slotsPerPod"
+    )
+
+
+def _autoscaling(raw: Mapping[str, Any]) -> Autoscaling:
+    return Autoscaling(
+        enabled=_flag(raw, "enabled"),
+        min_slots=_integer(raw, "minSlots", 0, where="autoscaling."),
+        max_slots=_integer(raw, "maxSlots", 0, where="autoscaling."),
+        target_free_fraction=_number(raw, "targetFreeFraction", 0.25),
+        scale_up_seconds=_number(raw, "scaleUpStabilizationSeconds", 0.0),
+        scale_down_seconds=_number(raw, "scaleDownStabilizationSeconds", 300.0),
+    )
+
+
+def _resources(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "gpus": _integer(raw, "gpus", 1, where="resources."),
+        "gpu_resource": _text(raw, "gpuResourceName", where="resources.") or DEFAULT_GPU_RESOURCE,
+        "cpu": _quantity(raw, "cpu"),
+        "memory": _quantity(raw, "memory"),
+    }
+
+
+def _secret(raw: Mapping[str, Any], field: str, default_key: str) -> SecretKey | None:
+    if raw.get(field) is None:
+        return None
+    ref = _section(raw, field, where="auth.")
+    name = _text(ref, "name", required=True, where=f"auth.{field}.")
+    return SecretKey(name=name, key=_text(ref, "key", where=f"auth.{field}.") or default_key)
+
+
+def _section(raw: Mapping[str, Any], field: str, *, where: str = "") -> Mapping[str, Any]:
+    value = raw.get(field) or {}
+    if not isinstance(value, Mapping):
+        raise InvalidPool(f"spec.{where}{field} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _integer(
+    raw: Mapping[str, Any],
+    field: str,
+    default: int = 0,
+    *,
+    required: bool = False,
+    minimum: int = 0,
+    where: str = "",
+) -> int:
+    if field not in raw:
+        if required:
+            raise InvalidPool(f"spec.{where}{field} is required")
+        return default
+    value = raw[field]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidPool(f"spec.{where}{field} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidPool(f"spec.{where}{field} must be at least {minimum}, got {value}")
+    return value
+
+
+def _optional_integer(raw: Mapping[str, Any], field: str) -> int | None:
+    return _integer(raw, field) if raw.get(field) is not None else None
+
+
+def _number(raw: Mapping[str, Any], field: str, default: float) -> float:
+    value = raw.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidPool(f"spec.autoscaling.{field} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _flag(raw: Mapping[str, Any], field: str) -> bool:
+    value = raw.get(field, False)
+    if not isinstance(value, bool):
+        raise InvalidPool(f"spec.autoscaling.{field} must be true or false, got {value!r}")
+    return value
+
+
+def _text(raw: Mapping[str, Any], field: str, *, required: bool = False, where: str = "") -> str:
+    value = raw.get(field)
+    if value is None or value == "":
+        if required:
+            raise InvalidPool(f"spec.{where}{field} is required")
+        return ""
+    if not isinstance(value, str):
+        raise InvalidPool(f"spec.{where}{field} must be a string, got {value!r}")
+    return value
+
+
+def _quantity(raw: Mapping[str, Any], field: str) -> str:
+    value = raw.get(field)
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidPool(f"spec.resources.{field} must be a quantity like '4' or '16Gi'")
+    return str(value)
+
+
+def _mapping(raw: Mapping[str, Any], field: str) -> Mapping[str, Any]:
+    return dict(_section(raw, field))
+
+
+def _list(raw: Mapping[str, Any], field: str) -> list[Mapping[str, Any]]:
+    value = raw.get(field) or []
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise InvalidPool(f"spec.{field} must be a list of objects")
+    return value

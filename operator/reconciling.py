@@ -1,0 +1,129 @@
+"""One pass over one pool: read the spec, build, adopt, protect streams, apply, observe.
+
+Handlers call :func:`reconcile` and turn its :class:`Result` into a status patch,
+events and kopf errors. Every step is idempotent: a pass over a pool that is already
+right reads the API and writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+import redis
+import redis.asyncio as aioredis
+
+from asrpool.common import registry
+from asrpool.operator import applying, children, kube, naming, pools, settings, statuses, usage
+
+REDIS_RETRY_SECONDS = 5
+
+
+@dataclasses.dataclass
+class Context:
+    """What every handler needs, built once at start-up and kept in kopf's memo."""
+
+    config: settings.OperatorSettings
+    kube: kube.Kube
+    redis: aioredis.Redis
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    pool: pools.Pool | None  # None when the spec is invalid
+    observed: statuses.Observed
+    actions: list[tuple[dict[str, Any], applying.Action]]
+    scaled_from: int | None = None  # server pods before, when this pass changed them
+    costs_set: int = 0  # pods whose deletion cost this pass wrote
+
+    @property
+    def invalid(self) -> str | None:
+        problem = self.observed.problem
+        return problem.message if problem and problem.reason == "InvalidSpec" else None
+
+
+async def reconcile(context: Context, body: kopf.Body) -> Result:
+    try:
+        pool = pools.from_body(body)
+    except pools.InvalidPool as exc:
+        return await _observe_invalid(context, body, str(exc))
+    built = children.build_all(pool, context.config)
+    kopf.adopt(built, owner=body)
+    deployment = await _deployment(context, pool.namespace, pool.name)
+    beats = await _read_beats(context, pool.name)
+    current = _replicas(deployment)
+    costs_set = await _protect_streams(context, pool, current, beats)
+    actions = [(child, await applying.apply(context.kube, child)) for child in built]
+    deployment = await _deployment(context, pool.namespace, pool.name)
+    observed = _observed(body, pool.name, pool.pods, deployment, beats)
+    scaled_from = current if current is not None and current != pool.pods else None
+    return Result(pool, observed, actions, scaled_from, costs_set)
+
+
+async def _observe_invalid(context: Context, body: kopf.Body, message: str) -> Result:
+    """Report an invalid pool; its children are left exactly as they are."""
+    name, namespace = body.metadata.name or "", body.metadata.namespace or "default"
+    deployment = await _deployment(context, namespace, name)
+    beats = await _read_beats(context, name)
+    problem = statuses.Problem("InvalidSpec", message)
+    observed = _observed(body, name, _replicas(deployment) or 0, deployment, beats, problem)
+    return Result(None, observed, [])
+
+
+async def _protect_streams(
+    context: Context, pool: pools.Pool, current: int | None,
+    beats: list[registry.PodHeartbeat] | None,
+) -> int:
+    """Before fewer pods are asked for, mark each pod with its live slot use, so the
+    ReplicaSet controller removes idle pods first. Returns how many pods were marked."""
+    if current is None or pool.pods >= current:
+        return 0
+    if beats is None:
+        raise kopf.TemporaryError(
+            f"cannot read live slot use from Redis ({context.config.redis_url}); not lowering"
+            f" server pods from {current} to {pool.pods} until it can", delay=REDIS_RETRY_SECONDS)
+    pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
+    changes = usage.cost_changes(pods, usage.deletion_costs(pods, beats))
+    for pod_name, cost in changes.items():
+        await context.kube.patch(kube.PODS, pool.namespace, pod_name, _cost_patch(cost))
+    return len(changes)
+
+
+def _cost_patch(cost: int) -> dict[str, Any]:
+    return {"metadata": {"annotations": {naming.DELETION_COST_ANNOTATION: str(cost)}}}
+
+
+async def _deployment(context: Context, namespace: str, name: str) -> dict[str, Any] | None:
+    return await context.kube.get(kube.DEPLOYMENTS, namespace, naming.deployment(name))
+
+
+async def _read_beats(context: Context, pool_name: str) -> list[registry.PodHeartbeat] | None:
+    """The pool's heartbeats, or None when Redis cannot be read."""
+    try:
+        return await usage.read_beats(context.redis, pool_name)
+    except (redis.RedisError, OSError):
+        return None
+
+
+def _replicas(deployment: Mapping[str, Any] | None) -> int | None:
+    if deployment is None:
+        return None
+    return int(deployment.get("spec", {}).get("replicas") or 0)
+
+
+def _observed(
+    body: kopf.Body, name: str, desired_pods: int, deployment: Mapping[str, Any] | None,
+    beats: list[registry.PodHeartbeat] | None, problem: statuses.Problem | None = None,
+) -> statuses.Observed:
+    if problem is None and beats is None:
+        problem = statuses.Problem("RegistryUnavailable", "cannot read live slot use from Redis")
+    return statuses.Observed(
+        pool_name=name,
+        generation=body.metadata.get("generation"),
+        desired_pods=desired_pods,
+        deployment=deployment,
+        slot_use=usage.summarise(beats) if beats is not None else None,
+        problem=problem,
+    )

@@ -1,0 +1,140 @@
+"""A pool's status, computed from what was observed: pure, so a repeat changes nothing.
+
+Conditions follow the Kubernetes convention (``type``, ``status``, ``reason``,
+``message``, ``lastTransitionTime``); a condition keeps its transition time while its
+status stays the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from asrpool.operator import naming, usage
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    reason: str  # InvalidSpec, ApplyFailed, RegistryUnavailable
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """Everything the status is made of."""
+
+    pool_name: str
+    generation: int | None
+    desired_pods: int
+    deployment: Mapping[str, Any] | None
+    slot_use: usage.Usage | None
+    problem: Problem | None = None
+
+
+def build(observed: Observed, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "replicas": observed.desired_pods,
+        "readyReplicas": _ready(observed.deployment),
+        "updatedReplicas": _field(observed.deployment, "updatedReplicas"),
+        "selector": naming.selector_text(observed.pool_name),
+    }
+    if observed.generation is not None:
+        status["observedGeneration"] = observed.generation
+    status.update(_slot_fields(observed.slot_use, previous))
+    status["conditions"] = conditions(observed, previous.get("conditions") or [], now)
+    return status
+
+
+def _slot_fields(slot_use: usage.Usage | None, previous: Mapping[str, Any]) -> dict[str, int]:
+    if slot_use is None:  # Redis unreadable: keep the last known figures
+        keys = ("slots", "freeSlots", "activeStreams")
+        return {key: previous[key] for key in keys if key in previous}
+    return {
+        "slots": slot_use.slots,
+        "freeSlots": slot_use.free_slots,
+        "activeStreams": slot_use.active_streams,
+    }
+
+
+def conditions(
+    observed: Observed, previous: Sequence[Mapping[str, Any]], now: str
+) -> list[dict[str, Any]]:
+    made = [_ready_condition(observed), _progressing(observed), _degraded(observed)]
+    return [_stamp(condition, previous, now, observed.generation) for condition in made]
+
+
+def _ready_condition(observed: Observed) -> dict[str, Any]:
+    ready, wanted = _ready(observed.deployment), observed.desired_pods
+    if observed.deployment is None and observed.problem is not None:
+        return _condition("Ready", False, observed.problem.reason, "no server pods yet")
+    if wanted == 0:
+        return _condition("Ready", True, "ScaledToZero", "spec.slots is 0: no server pods")
+    message = f"{ready}/{wanted} server pods ready"
+    if observed.slot_use is not None:
+        message += f"; {observed.slot_use.free_slots} of {observed.slot_use.slots} slots free"
+    if ready >= wanted:
+        return _condition("Ready", True, "PodsReady", message)
+    return _condition("Ready", False, "PodsNotReady", message)
+
+
+def _progressing(observed: Observed) -> dict[str, Any]:
+    if observed.problem is not None and observed.problem.reason == "InvalidSpec":
+        return _condition("Progressing", False, "InvalidSpec", "waiting for a valid spec")
+    pending = _rollout_pending(observed)
+    if pending:
+        return _condition("Progressing", True, "RollingOut", pending)
+    return _condition("Progressing", False, "Stable", "every server pod is up to date and ready")
+
+
+def _rollout_pending(observed: Observed) -> str:
+    deployment, wanted = observed.deployment, observed.desired_pods
+    if deployment is None:
+        return "creating the Deployment"
+    seen = deployment.get("status", {}).get("observedGeneration")
+    generation = deployment.get("metadata", {}).get("generation")
+    if seen is not None and generation is not None and seen < generation:
+        return "the Deployment controller has not seen the latest spec yet"
+    updated, total = _field(deployment, "updatedReplicas"), _field(deployment, "replicas")
+    ready = _ready(deployment)
+    if updated < wanted or ready < wanted or total > wanted:
+        return f"{updated}/{wanted} pods updated, {ready} ready, {total} running"
+    return ""
+
+
+def _degraded(observed: Observed) -> dict[str, Any]:
+    if observed.problem is not None:
+        return _condition("Degraded", True, observed.problem.reason, observed.problem.message)
+    return _condition("Degraded", False, "AsExpected", "the pool matches its spec")
+
+
+def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True" if status else "False", "reason": reason,
+            "message": message}
+
+
+def _stamp(
+    condition: dict[str, Any], previous: Sequence[Mapping[str, Any]], now: str,
+    generation: int | None,
+) -> dict[str, Any]:
+    before = next((c for c in previous if c.get("type") == condition["type"]), {})
+    kept = before.get("status") == condition["status"] and before.get("lastTransitionTime")
+    stamped = {**condition, "lastTransitionTime": kept or now}
+    if generation is not None:
+        stamped["observedGeneration"] = generation
+    return stamped
+
+
+def _ready(deployment: Mapping[str, Any] | None) -> int:
+    return _field(deployment, "readyReplicas")
+
+
+def _field(deployment: Mapping[str, Any] | None, name: str) -> int:
+    if deployment is None:
+        return 0
+    return int((deployment.get("status") or {}).get(name) or 0)
+
+
+def changed(previous: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Whether writing ``status`` would change anything that is there."""
+    return any(previous.get(key) != value for key, value in status.items())

@@ -1,0 +1,23 @@
+"""Wait for a condition with a deadline: no fixed sleeps as pass conditions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+DEADLINE_SECONDS = 20.0
+
+
+async def eventually(check: Callable[[], T], timeout: float = DEADLINE_SECONDS) -> T:
+    """``check()``'s result once it stops raising AssertionError (its last error if never)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return check()
+        except (AssertionError, KeyError, TypeError, IndexError):
+            if loop.time() > deadline:
+                raise
+        await asyncio.sleep(0.05)

@@ -1,0 +1,159 @@
+"""The pure builders: a pool to its Deployment, Service, PodDisruptionBudget, ConfigMap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import yaml
+
+from asrpool.operator import children, naming, pools, settings
+from tests.operator import schemas
+
+CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0")
+
+
+def pool(**spec: Any) -> pools.Pool:
+    return pools.from_body({"metadata": {"name": "stt", "namespace": "speech"}, "spec": {
+        "model": {"name": "kyutai/stt-1b-en_fr"}, "slots": 20, "slotsPerPod": 8, **spec}})
+
+
+def deployment(**spec: Any) -> dict[str, Any]:
+    return children.build_all(pool(**spec), CONFIG)[1]
+
+
+def container(**spec: Any) -> dict[str, Any]:
+    return deployment(**spec)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_four_children_in_the_pool_namespace_with_its_labels() -> None:
+    built = children.build_all(pool(), CONFIG)
+    assert [(c["kind"], c["metadata"]["name"]) for c in built] == [
+        ("ConfigMap", "stt-config"), ("Deployment", "stt"), ("Service", "stt"),
+        ("PodDisruptionBudget", "stt")]
+    for child in built:
+        assert child["metadata"]["namespace"] == "speech"
+        assert child["metadata"]["labels"] == {
+            "app.kubernetes.io/name": "asrpool-server", "asrpool.io/pool": "stt",
+            "app.kubernetes.io/instance": "stt", "app.kubernetes.io/managed-by": "asrpool-operator"}
+
+
+def test_replicas_are_ceil_slots_over_slots_per_pod() -> None:
+    assert deployment()["spec"]["replicas"] == 3
+    assert deployment(slots=0)["spec"]["replicas"] == 0
+
+
+def test_the_selector_matches_the_pod_labels() -> None:
+    spec = deployment()["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"] == {"matchLabels": naming.selector("stt")}
+    assert all(labels[key] == value for key, value in naming.selector("stt").items())
+
+
+def test_rolls_add_a_pod_before_removing_one() -> None:
+    assert deployment()["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def test_termination_grace_is_drain_grace_plus_the_margin() -> None:
+    spec = deployment(drainGracePeriodSeconds=120)["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 120 + CONFIG.termination_margin_seconds
+    config_map = children.build_config_map(pool(drainGracePeriodSeconds=120), CONFIG)
+    assert config_map["data"]["ASRPOOL_DRAIN_GRACE_SECONDS"] == "120"
+
+
+def test_the_server_settings_travel_in_the_config_map() -> None:
+    config_map = children.build_config_map(pool(context=750, model={
+        "name": "kyutai/stt-2.6b-en", "revision": "v1"}), CONFIG)
+    assert config_map["data"] == {
+        "ASRPOOL_MODEL": "kyutai/stt-2.6b-en", "ASRPOOL_MODEL_REVISION": "v1",
+        "ASRPOOL_BATCH_SIZE": "8", "ASRPOOL_CONTEXT": "750", "ASRPOOL_DEVICE": "cuda",
+        "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "stt",
+        "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_DRAIN_GRACE_SECONDS": "60"}
+
+
+def test_pods_reach_redis_by_their_own_url_when_given() -> None:
+    config = CONFIG.model_copy(update={"pod_redis_url": "redis://10.0.0.5:6379/0"})
+    data = children.build_config_map(pool(), config)["data"]
+    assert data["ASRPOOL_REDIS_URL"] == "redis://10.0.0.5:6379/0"
+
+
+def test_the_container_runs_asrpool_serve_with_its_identity_from_the_downward_api() -> None:
+    built = container()
+    assert built["command"] == ["asrpool", "serve"]
+    assert built["image"] == settings.DEFAULT_IMAGE
+    assert built["envFrom"] == [{"configMapRef": {"name": "stt-config"}}]
+    assert built["env"] == [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "ASRPOOL_POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "ASRPOOL_ADVERTISE_ADDRESS", "value": "$(POD_IP):8080"}]
+    assert built["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+
+
+def test_probes_use_readyz_and_healthz() -> None:
+    built = container()
+    assert built["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert built["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert built["startupProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_gpus_are_requested_and_limited() -> None:
+    assert container(resources={"gpus": 2, "cpu": 4, "memory": "24Gi"})["resources"] == {
+        "requests": {"nvidia.com/gpu": "2", "cpu": "4", "memory": "24Gi"},
+        "limits": {"nvidia.com/gpu": "2", "memory": "24Gi"}}
+    assert "resources" not in container(resources={"gpus": 0}) or container(
+        resources={"gpus": 0})["resources"] == {}
+
+
+def test_placement_is_copied_to_the_pods() -> None:
+    spec = deployment(nodeSelector={"gpu": "h100"}, priorityClassName="asr",
+                      tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                      affinity={"nodeAffinity": {"x": 1}})["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"gpu": "h100"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert spec["affinity"] == {"nodeAffinity": {"x": 1}}
+    assert spec["priorityClassName"] == "asr"
+
+
+def test_auth_mounts_the_key_file_and_passes_the_pod_token() -> None:
+    auth = {"apiKeysSecret": {"name": "keys"}, "podTokenSecret": {"name": "tok"}}
+    built = deployment(auth=auth)["spec"]["template"]["spec"]
+    assert built["volumes"] == [{"name": "api-keys", "secret": {"secretName": "keys"}}]
+    server = built["containers"][0]
+    assert server["volumeMounts"] == [
+        {"name": "api-keys", "mountPath": "/etc/asrpool/keys", "readOnly": True}]
+    assert server["env"][-1] == {"name": "ASRPOOL_POD_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "tok", "key": "token"}}}
+    data = children.build_config_map(pool(auth=auth), CONFIG)["data"]
+    assert data["ASRPOOL_API_KEYS_FILE"] == "/etc/asrpool/keys/keys.yaml"
+
+
+def test_a_config_change_changes_the_pod_template() -> None:
+    before = deployment()["spec"]["template"]["metadata"]["annotations"]
+    after = deployment(context=750)["spec"]["template"]["metadata"]["annotations"]
+    assert before[naming.CONFIG_HASH_ANNOTATION] != after[naming.CONFIG_HASH_ANNOTATION]
+    assert deployment()["spec"]["template"] == deployment()["spec"]["template"]
+
+
+def test_scaling_alone_does_not_roll_the_pods() -> None:
+    assert deployment(slots=20)["spec"]["template"] == deployment(slots=200)["spec"]["template"]
+
+
+def test_the_service_is_headless_on_the_server_port() -> None:
+    spec = children.build_service(pool())["spec"]
+    assert spec == {"clusterIP": "None", "selector": naming.selector("stt"), "ports": [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]}
+
+
+def test_the_disruption_budget_evicts_one_pod_at_a_time() -> None:
+    assert children.build_disruption_budget(pool())["spec"] == {
+        "maxUnavailable": 1, "selector": {"matchLabels": naming.selector("stt")}}
+
+
+def test_every_child_of_every_example_is_valid_kubernetes() -> None:
+    """The built objects pass ``kubernetes-validate --strict`` (Kubernetes 1.30 schemas)."""
+    for path in schemas.EXAMPLES:
+        document = yaml.safe_load(path.read_text())
+        document["metadata"].setdefault("namespace", "default")
+        for child in children.build_all(pools.from_body(document), CONFIG):
+            kubernetes_validate.validate(child, "1.30.0", strict=True)

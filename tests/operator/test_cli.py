@@ -1,0 +1,92 @@
+"""``asrpool operator``: flags, environment variables, and no heavy imports to register."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asrpool.operator import cli, settings
+from tests.operator import checks, emulator, polling
+from tests.support import redis_servers
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["operator", *argv])
+
+
+def test_registering_does_not_import_kopf_or_kubernetes() -> None:
+    code = ("import argparse, sys; from asrpool.operator import cli;"
+            "p = argparse.ArgumentParser(); cli.register(p.add_subparsers());"
+            "print(sorted(m for m in ('kopf', 'kubernetes', 'pydantic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_flags_become_settings() -> None:
+    args = parse("-n", "a", "--namespace", "b", "--redis-url", "redis://r:6379/1",
+                 "--resync-seconds", "5", "--kube-api-url", "http://127.0.0.1:8001")
+    config = cli.load_settings(args)
+    assert config.namespaces == ["a", "b"]
+    assert (config.redis_url, config.resync_seconds) == ("redis://r:6379/1", 5.0)
+    assert config.kube_api_url == "http://127.0.0.1:8001"
+    assert args.handler is not None
+
+
+def test_environment_variables_fill_in_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASRPOOL_NAMESPACES", "x, y")
+    monkeypatch.setenv("ASRPOOL_REDIS_URL", "redis://env:6379/0")
+    monkeypatch.setenv("ASRPOOL_DEFAULT_IMAGE", "img:env")
+    config = cli.load_settings(parse("--redis-url", "redis://flag:6379/0"))
+    assert config.namespaces == ["x", "y"]
+    assert config.redis_url == "redis://flag:6379/0"
+    assert config.default_image == "img:env"
+
+
+def test_cluster_wide() -> None:
+    assert cli.load_settings(parse("-A")).all_namespaces
+
+
+def test_a_scope_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse()
+    assert args.handler(args) == 2
+    assert "--namespace NAME" in capsys.readouterr().err
+
+
+def test_namespaced_and_cluster_wide_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        parse("-A", "-n", "x")
+    with pytest.raises(ValueError, match="not both"):
+        settings.OperatorSettings(namespaces=["x"], all_namespaces=True)
+
+
+def test_help_runs() -> None:
+    with pytest.raises(SystemExit) as info:
+        parse("--help")
+    assert info.value.code == 0
+
+
+async def test_the_command_runs_the_operator_until_sigterm(
+    cluster: emulator.Cluster, redis_server: redis_servers.RedisServer, tmp_path: Path
+) -> None:
+    """``asrpool operator`` as a process: flags, kopf.run, handlers, signal handling."""
+    log = (tmp_path / "operator.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asrpool.cli", "operator", "--namespace", emulator.NAMESPACE,
+         "--kube-api-url", cluster.url, "--redis-url", redis_server.url, "--log-level",
+         "warning"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        await cluster.create(checks.manifest())
+        await polling.eventually(lambda: checks.children_of(cluster), 60)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.wait, 60)
+        log.close()
+    assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]

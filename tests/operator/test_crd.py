@@ -1,0 +1,129 @@
+"""The CRD: valid for Kubernetes, structural, and it accepts exactly the right pools."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from asrpool.operator import naming, pools
+from tests.operator import schemas
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def test_the_crd_passes_kubernetes_validate_strict() -> None:
+    kubernetes_validate.validate(schemas.load_crd(), "1.30.0", strict=True)
+
+
+def test_the_rbac_passes_kubernetes_validate_strict() -> None:
+    for document in yaml.safe_load_all((schemas.ROOT / "crds/rbac/operator.yaml").read_text()):
+        kubernetes_validate.validate(document, "1.30.0", strict=True)
+
+
+def test_the_crd_names_what_the_operator_watches() -> None:
+    crd = schemas.load_crd()
+    names = crd["spec"]["names"]
+    assert crd["metadata"]["name"] == f"{naming.PLURAL}.{naming.GROUP}"
+    assert (crd["spec"]["group"], names["kind"], names["plural"]) == (
+        naming.GROUP, naming.KIND, naming.PLURAL)
+    assert names["shortNames"] == ["asrpool"]
+    assert schemas.version(crd)["name"] == naming.VERSION
+
+
+def test_scale_maps_replicas_to_slots_with_a_selector() -> None:
+    scale = schemas.version(schemas.load_crd())["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.slots", "statusReplicasPath": ".status.slots",
+                     "labelSelectorPath": ".status.selector"}
+
+
+def test_status_is_a_subresource() -> None:
+    assert schemas.version(schemas.load_crd())["subresources"]["status"] == {}
+
+
+def test_printer_columns_point_at_fields_of_the_schema() -> None:
+    crd = schemas.load_crd()
+    columns = {c["name"]: c["jsonPath"] for c in schemas.version(crd)["additionalPrinterColumns"]}
+    assert {"Slots", "Free", "Ready", "Age"} <= set(columns)
+    paths = {path for path, _ in schemas.walk(schemas.openapi(crd))}
+    for name, json_path in columns.items():
+        if not json_path.startswith(".metadata"):
+            assert re.sub(r"\[\?.*?\]", "[]", json_path) in paths, name
+
+
+def test_the_schema_is_structural_and_closed() -> None:
+    """Every field has a type, and only affinity keeps unknown fields."""
+    for path, node in schemas.walk(schemas.openapi(schemas.load_crd())):
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), path
+        assert "additionalProperties" not in node or "properties" not in node, path
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert path == ".spec.affinity", path
+
+
+@pytest.mark.parametrize("path", schemas.EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_a_valid_pool(path: Path) -> None:
+    document = _load(path)
+    assert schemas.errors(document) == []
+    pools.from_body({**document, "metadata": {"namespace": "default", **document["metadata"]}})
+
+
+def test_there_are_examples() -> None:
+    assert len(schemas.EXAMPLES) >= 3
+
+
+def _expected_path(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    match = re.match(r"# rejects: (\S*)", first)
+    assert match, f"{path.name} must start with '# rejects: PATH'"
+    return "" if match.group(1).startswith("(") else match.group(1)
+
+
+@pytest.mark.parametrize("path", schemas.BAD_POOLS, ids=lambda p: p.stem)
+def test_a_bad_pool_is_rejected_where_it_is_wrong(path: Path) -> None:
+    errors = schemas.errors(_load(path))
+    assert errors, f"{path.name} was accepted"
+    where = {".".join(str(part) for part in error.absolute_path) for error in errors}
+    assert _expected_path(path) in where, where
+
+
+def test_there_is_a_bad_pool_for_each_listed_mistake() -> None:
+    names = {path.stem for path in schemas.BAD_POOLS}
+    assert {"negative-slots", "zero-slots-per-pod", "unknown-spec-field", "slots-as-string",
+            "missing-model"} <= names
+
+
+def _defaults(node: dict[str, Any]) -> dict[str, Any]:
+    return {name: child["default"] for name, child in node["properties"].items()
+            if "default" in child}
+
+
+def test_the_operator_uses_the_crd_defaults() -> None:
+    """An API server that skipped defaulting would get the same children."""
+    spec = schemas.openapi(schemas.load_crd())["properties"]["spec"]
+    given = pools.from_body({"metadata": {"name": "p"}, "spec": {"model": {"name": "m"},
+                                                                 "slots": 1}})
+    assert _defaults(spec) == {
+        "slotsPerPod": given.slots_per_pod, "context": given.context,
+        "imagePullPolicy": given.image_pull_policy, "drainGracePeriodSeconds":
+        given.drain_grace_seconds, "resources": {}}
+    assert _defaults(spec["properties"]["resources"]) == {
+        "gpus": given.gpus, "gpuResourceName": given.gpu_resource}
+    scaling = _defaults(spec["properties"]["autoscaling"])
+    assert scaling == {
+        "enabled": given.autoscaling.enabled, "minSlots": given.autoscaling.min_slots,
+        "targetFreeFraction": given.autoscaling.target_free_fraction,
+        "scaleUpStabilizationSeconds": given.autoscaling.scale_up_seconds,
+        "scaleDownStabilizationSeconds": given.autoscaling.scale_down_seconds}
+
+
+def test_status_the_operator_writes_fits_the_schema() -> None:
+    status_schema = schemas.openapi(schemas.load_crd())["properties"]["status"]
+    assert set(status_schema["properties"]) >= {
+        "observedGeneration", "replicas", "readyReplicas", "slots", "freeSlots",
+        "activeStreams", "selector", "conditions"}

@@ -1,0 +1,207 @@
+"""The real kopf operator against the kmock emulator (real HTTP) and a real Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kopf.testing import KopfRunner
+
+from asrpool.operator import kube, naming
+from tests.operator import checks, emulator
+from tests.operator.polling import eventually
+from tests.support import redis_servers
+
+NS = emulator.NAMESPACE
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_a_new_pool_gets_its_children_owned_by_it(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    found = await checks.created(cluster, slots=20)
+    pool = cluster.get(emulator.POOLS, NS, "stt")
+    assert pool is not None
+    for child in found.values():
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner["uid"] == pool["metadata"]["uid"]
+        assert owner["kind"] == "StreamingASRPool" and owner["controller"] is True
+        assert child["metadata"]["labels"][naming.POOL_LABEL] == "stt"
+    assert found["deployments"]["spec"]["replicas"] == 3
+    assert found["configmaps"]["data"]["ASRPOOL_POOL"] == "stt"
+    await eventually(lambda: cluster.events(NS, "Created")[3])
+
+
+async def test_status_and_conditions_follow_the_pods_and_redis(
+    cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
+) -> None:
+    await checks.created(cluster)
+    not_ready = await eventually(lambda: checks.condition(cluster, "Ready"))
+    assert not_ready["status"] == "False"
+    assert checks.condition(cluster, "Degraded")["status"] == "False"
+    pods = await cluster.run_deployment(NS, "stt")
+    await checks.beat(redis_server.url, pods[0], 8, 3)
+    await checks.beat(redis_server.url, pods[1], 8, 8)
+
+    def ready() -> dict[str, Any]:
+        assert checks.condition(cluster, "Ready")["status"] == "True"
+        status = checks.pool_status(cluster)
+        assert (status["slots"], status["freeSlots"], status["activeStreams"]) == (16, 11, 5)
+        return status
+
+    status = await eventually(ready)
+    assert status["readyReplicas"] == status["replicas"] == 2
+    assert status["selector"] == naming.selector_text("stt")
+    assert status["observedGeneration"] == 1
+    assert checks.condition(cluster, "Progressing")["status"] == "False"
+
+
+async def test_a_second_pass_changes_nothing(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    await checks.created(cluster)
+    await eventually(lambda: checks.condition(cluster, "Ready"))
+    settled = cluster.mark()
+    await eventually(lambda: checks.assert_at_least(checks.passes(cluster, settled), 4))
+    assert cluster.writes_since(settled) == []
+
+
+async def test_an_update_rolls_the_pods_through_the_config(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    before = await checks.created(cluster)
+    old_hash = before["deployments"]["spec"]["template"]["metadata"]["annotations"]
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"context": 750}})
+
+    def rolled() -> None:
+        found = checks.children_of(cluster)
+        assert found["configmaps"]["data"]["ASRPOOL_CONTEXT"] == "750"
+        assert found["deployments"]["spec"]["template"]["metadata"]["annotations"] != old_hash
+
+    await eventually(rolled)
+    assert checks.replicas(cluster) == 2
+
+
+async def test_scaling_up(cluster: emulator.Cluster, operator: KopfRunner) -> None:
+    await checks.created(cluster)
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 40}})
+    await eventually(lambda: checks.assert_at_least(checks.replicas(cluster), 5))
+    assert checks.replicas(cluster) == 5
+    template = checks.children_of(cluster)["deployments"]["spec"]["template"]
+    assert template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION]
+    await eventually(lambda: cluster.events(NS, "Scaled")[0])
+
+
+async def test_scaling_down_marks_idle_pods_first_from_redis(
+    cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
+) -> None:
+    await checks.created(cluster, slots=24)
+    pods = await cluster.run_deployment(NS, "stt")
+    for pod, free in zip(pods, [3, 8, 6], strict=True):  # 5, 0 and 2 streams
+        await checks.beat(redis_server.url, pod, 8, free)
+    mark = cluster.mark()
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 8}})
+    await eventually(lambda: checks.assert_at_most(checks.replicas(cluster), 1))
+
+    costs = {p["metadata"]["name"]: p["metadata"]["annotations"][naming.DELETION_COST_ANNOTATION]
+             for p in cluster.pods_of(NS, "stt")}
+    assert costs == dict(zip(pods, ["5", "0", "2"], strict=True))
+    writes = cluster.writes_since(mark)
+    cost_writes = [i for i, r in enumerate(writes) if r.resource == emulator.PODS]
+    scale_write = next(i for i, r in enumerate(writes) if r.resource == emulator.DEPLOYMENTS)
+    assert len(cost_writes) == 3 and max(cost_writes) < scale_write
+    remaining = await cluster.run_deployment(NS, "stt")
+    assert remaining == [pods[0]]  # the busiest pod stays
+    message = (await eventually(lambda: cluster.events(NS, "Scaled")[-1]))["message"]
+    assert "deletion cost set on 3 pods" in message
+
+
+async def test_no_scale_down_without_redis(
+    cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
+) -> None:
+    await checks.created(cluster, slots=24)
+    await cluster.run_deployment(NS, "stt")
+    redis_server.kill()
+    mark = cluster.mark()
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 8}})
+    await eventually(lambda: checks.assert_at_least(checks.passes(cluster, mark), 3))
+    assert checks.replicas(cluster) == 3
+    redis_server.start()
+    await eventually(lambda: checks.assert_at_most(checks.replicas(cluster), 1))
+
+
+async def test_a_child_deleted_or_edited_by_hand_is_put_back(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    await checks.created(cluster)
+    await cluster.delete(kube.SERVICES, NS, "stt")
+    await cluster.delete(kube.CONFIG_MAPS, NS, "stt-config")
+    await cluster.patch(kube.DEPLOYMENTS, NS, "stt", {"spec": {"replicas": 7}})
+    await eventually(lambda: checks.children_of(cluster))
+    await eventually(lambda: checks.assert_equal(checks.replicas(cluster), 2))
+
+
+async def test_an_invalid_pool_is_degraded_and_its_children_are_left_alone(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    before = await checks.created(cluster, maxGPUs=4)
+    await cluster.create(checks.manifest("other", slots=8))
+    await eventually(lambda: checks.children_of(cluster, "other"))
+    mark = cluster.mark()
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 64}})
+
+    degraded = await eventually(lambda: checks.assert_degraded(cluster))
+    assert "spec.slots=64 needs 8 pods x 1 GPU = 8 GPUs" in degraded["message"]
+    assert "spec.maxGPUs=4" in degraded["message"]
+    await eventually(lambda: checks.assert_at_least(checks.passes(cluster, mark), 4))
+    pool_writes = {r.resource for r in cluster.writes_since(mark)}
+    assert pool_writes <= {emulator.POOLS}, pool_writes
+    assert checks.children_of(cluster) == before
+    assert checks.condition(cluster, "Degraded", "other")["status"] == "False"
+    warning = await eventually(lambda: cluster.events(NS, "InvalidSpec")[0])
+    assert warning["type"] == "Warning"
+
+
+async def test_a_pool_invalid_from_the_start_gets_no_children(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    bounds = {"enabled": True, "minSlots": 64, "maxSlots": 32}
+    await cluster.create(checks.manifest(autoscaling=bounds))
+    degraded = await eventually(lambda: checks.assert_degraded(cluster))
+    assert "minSlots (64) is above maxSlots (32)" in degraded["message"]
+    assert cluster.get(emulator.DEPLOYMENTS, NS, "stt") is None
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"autoscaling": {"minSlots": 8}}})
+    await eventually(lambda: checks.children_of(cluster))
+    await eventually(lambda: checks.assert_equal(
+        checks.condition(cluster, "Degraded")["status"], "False"))
+
+
+async def test_deleting_a_pool_leaves_its_children_to_the_garbage_collector(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    await checks.created(cluster)
+    await cluster.delete(kube.POOLS, NS, "stt")
+    await eventually(lambda: checks.assert_gone(cluster))  # kopf stopped its timer, released it
+    assert await cluster.collect_garbage(NS) == 4
+    await cluster.create(checks.manifest("probe"))  # a pass over another pool proves the loop runs
+    await eventually(lambda: checks.children_of(cluster, "probe"))
+    for resource, name in checks.KINDS.items():
+        assert cluster.get(resource, NS, name) is None
+
+
+async def test_autoscaling_follows_the_streams(
+    cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
+) -> None:
+    await checks.created(cluster, slots=8, autoscaling={
+        "enabled": True, "minSlots": 8, "maxSlots": 64, "targetFreeFraction": 0.25,
+        "scaleDownStabilizationSeconds": 0})
+    await checks.beat(redis_server.url, "stt-0", 8, 0)
+    await checks.beat(redis_server.url, "stt-x", 24, 4)  # 28 streams: 28 / 0.75 -> 38 -> 40 slots
+    await eventually(lambda: checks.assert_at_least(checks.replicas(cluster), 5))
+    pool = cluster.get(emulator.POOLS, NS, "stt")
+    assert pool is not None and pool["spec"]["slots"] == 40
+    assert checks.replicas(cluster) == 5
+    await checks.beat(redis_server.url, "stt-0", 8, 8)
+    await checks.beat(redis_server.url, "stt-x", 24, 24)
+    await eventually(lambda: checks.assert_equal(checks.replicas(cluster), 1))
+    await eventually(lambda: cluster.events(NS, "Autoscaled")[1])

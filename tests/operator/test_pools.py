@@ -1,0 +1,98 @@
+"""Reading a pool: defaults, and the rules the schema cannot express."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asrpool.operator import pools
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "stt", "namespace": "speech"},
+            "spec": {"model": {"name": "kyutai/stt-1b-en_fr"}, "slots": 16, **spec}}
+
+
+def test_a_minimal_pool_gets_the_defaults() -> None:
+    pool = pools.from_body(body())
+    assert (pool.name, pool.namespace, pool.model, pool.slots) == (
+        "stt", "speech", "kyutai/stt-1b-en_fr", 16)
+    assert (pool.slots_per_pod, pool.context, pool.gpus, pool.device) == (8, 375, 1, "cuda")
+    assert pool.pods == 2
+
+
+@pytest.mark.parametrize(("slots", "per_pod", "pods"), [(0, 8, 0), (1, 8, 1), (8, 8, 1),
+                                                        (9, 8, 2), (256, 32, 8), (257, 32, 9)])
+def test_pods_are_slots_over_slots_per_pod_rounded_up(slots: int, per_pod: int, pods: int) -> None:
+    assert pools.from_body(body(slots=slots, slotsPerPod=per_pod)).pods == pods
+
+
+def test_no_gpus_means_cpu() -> None:
+    assert pools.from_body(body(resources={"gpus": 0})).device == "cpu"
+
+
+def test_auth_secrets_get_their_default_keys() -> None:
+    pool = pools.from_body(body(auth={"apiKeysSecret": {"name": "keys"},
+                                      "podTokenSecret": {"name": "tok", "key": "t"}}))
+    assert pool.api_keys == pools.SecretKey("keys", "keys.yaml")
+    assert pool.pod_token == pools.SecretKey("tok", "t")
+
+
+def _rejects(spec: dict[str, Any], *needles: str, name: str = "stt") -> None:
+    raw = body(**spec)
+    raw["metadata"]["name"] = name
+    with pytest.raises(pools.InvalidPool) as info:
+        pools.from_body(raw)
+    for needle in needles:
+        assert needle in str(info.value), str(info.value)
+
+
+def test_slots_beyond_the_gpu_budget_say_what_fits() -> None:
+    _rejects({"slots": 40, "slotsPerPod": 8, "maxGPUs": 4},
+             "spec.slots=40 needs 5 pods x 1 GPU = 5 GPUs", "spec.maxGPUs=4",
+             "at most 32", "raise spec.maxGPUs to 5")
+
+
+def test_multi_gpu_pods_count_every_gpu() -> None:
+    _rejects({"slots": 16, "slotsPerPod": 8, "resources": {"gpus": 2}, "maxGPUs": 3},
+             "2 pods x 2 GPU = 4 GPUs", "at most 8")
+
+
+def test_autoscaling_ceiling_beyond_the_gpu_budget_is_invalid() -> None:
+    _rejects({"maxGPUs": 2, "autoscaling": {"enabled": True, "maxSlots": 64}},
+             "spec.autoscaling.maxSlots=64")
+
+
+def test_autoscaling_bounds_out_of_order() -> None:
+    _rejects({"autoscaling": {"enabled": True, "minSlots": 64, "maxSlots": 32}},
+             "minSlots (64) is above maxSlots (32)")
+
+
+def test_autoscaling_needs_a_ceiling() -> None:
+    _rejects({"autoscaling": {"enabled": True}}, "spec.autoscaling.maxSlots")
+
+
+def test_a_long_name_is_invalid() -> None:
+    _rejects({}, "metadata.name", "at most 50", name="p" * 51)
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({"slots": "16"}, "spec.slots must be an integer"),
+    ({"slots": True}, "spec.slots must be an integer"),
+    ({"slotsPerPod": 0}, "spec.slotsPerPod must be at least 1"),
+    ({"model": "kyutai/stt"}, "spec.model must be an object"),
+    ({"model": {}}, "spec.model.name is required"),
+    ({"resources": {"memory": [1]}}, "spec.resources.memory"),
+    ({"tolerations": "all"}, "spec.tolerations must be a list"),
+    ({"auth": {"apiKeysSecret": {}}}, "spec.auth.apiKeysSecret.name is required"),
+])
+def test_bad_types_are_caught_even_without_a_schema(spec: dict[str, Any], needle: str) -> None:
+    _rejects(spec, needle)
+
+
+def test_missing_slots_is_caught() -> None:
+    raw = body()
+    del raw["spec"]["slots"]
+    with pytest.raises(pools.InvalidPool, match=r"spec\.slots is required"):
+        pools.from_body(raw)

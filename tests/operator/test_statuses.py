@@ -1,0 +1,84 @@
+"""The status: slot use, pod counts, and conditions that keep their transition times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asrpool.operator import statuses, usage
+
+NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def deployment(replicas: int, ready: int, updated: int | None = None) -> dict[str, Any]:
+    return {"metadata": {"generation": 2}, "status": {
+        "observedGeneration": 2, "replicas": replicas, "readyReplicas": ready,
+        "updatedReplicas": replicas if updated is None else updated}}
+
+
+def observed(**overrides: Any) -> statuses.Observed:
+    fields: dict[str, Any] = {
+        "pool_name": "stt", "generation": 3, "desired_pods": 2, "deployment": deployment(2, 2),
+        "slot_use": usage.Usage(slots=16, free_slots=10, active_streams=6, live_pods=2)}
+    return statuses.Observed(**{**fields, **overrides})
+
+
+def by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_a_healthy_pool() -> None:
+    status = statuses.build(observed(), {}, NOW)
+    assert {k: v for k, v in status.items() if k != "conditions"} == {
+        "observedGeneration": 3, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
+        "slots": 16, "freeSlots": 10, "activeStreams": 6,
+        "selector": "app.kubernetes.io/name=asrpool-server,asrpool.io/pool=stt"}
+    conditions = by_type(status)
+    assert conditions["Ready"] == {
+        "type": "Ready", "status": "True", "reason": "PodsReady",
+        "message": "2/2 server pods ready; 10 of 16 slots free",
+        "lastTransitionTime": NOW, "observedGeneration": 3}
+    assert conditions["Progressing"]["status"] == "False"
+    assert conditions["Degraded"]["status"] == "False"
+
+
+def test_pods_not_ready_yet() -> None:
+    conditions = by_type(statuses.build(observed(deployment=deployment(2, 1)), {}, NOW))
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False",
+                                                                              "PodsNotReady")
+    assert conditions["Progressing"]["status"] == "True"
+
+
+def test_a_rollout_in_progress_is_progressing() -> None:
+    conditions = by_type(statuses.build(observed(deployment=deployment(3, 2, updated=1)), {}, NOW))
+    assert conditions["Progressing"]["reason"] == "RollingOut"
+    assert "1/2 pods updated" in conditions["Progressing"]["message"]
+
+
+def test_scaled_to_zero_is_ready() -> None:
+    status = statuses.build(observed(desired_pods=0, deployment=deployment(0, 0)), {}, NOW)
+    assert by_type(status)["Ready"]["reason"] == "ScaledToZero"
+
+
+def test_an_invalid_spec_is_degraded_with_its_message() -> None:
+    problem = statuses.Problem("InvalidSpec", "spec.slots=40 needs 5 GPUs")
+    conditions = by_type(statuses.build(observed(problem=problem), {}, NOW))
+    assert conditions["Degraded"]["status"] == "True"
+    assert conditions["Degraded"]["message"] == "spec.slots=40 needs 5 GPUs"
+    assert conditions["Progressing"]["reason"] == "InvalidSpec"
+
+
+def test_unreadable_redis_keeps_the_last_slot_figures() -> None:
+    previous = {"slots": 16, "freeSlots": 3, "activeStreams": 13}
+    status = statuses.build(observed(slot_use=None), previous, NOW)
+    assert (status["slots"], status["freeSlots"], status["activeStreams"]) == (16, 3, 13)
+
+
+def test_a_condition_keeps_its_time_while_its_status_holds() -> None:
+    first = statuses.build(observed(), {}, NOW)
+    again = statuses.build(observed(), first, LATER)
+    assert again == first
+    assert not statuses.changed(first, again)
+    flipped = statuses.build(observed(deployment=deployment(2, 1)), first, LATER)
+    assert by_type(flipped)["Ready"]["lastTransitionTime"] == LATER
+    assert by_type(flipped)["Degraded"]["lastTransitionTime"] == NOW
+    assert statuses.changed(first, flipped)

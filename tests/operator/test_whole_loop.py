@@ -1,0 +1,142 @@
+"""The whole loop without a cluster: operator, emulator, real pods, Redis, router, client.
+
+A pool is created in the emulator; the real operator builds its Deployment; the
+:mod:`kubelet` stand-in runs each pod as a real ``asrpool serve --model tiny`` process
+from the pod template; the pods heartbeat to Redis and the pool's status shows their
+slots; a client streams through a real ``asrpool route``. Then the slots are lowered:
+the operator marks the pods from their live slot use, the idle pod is the one removed,
+and the busy pod's stream runs to its end without an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+from kopf.testing import KopfRunner
+
+from asrpool.common import registry
+from asrpool.operator import kube
+from tests.operator import checks, emulator, kubelet
+from tests.operator.polling import eventually
+from tests.support import kyutai_client, redis_servers
+from tests.support.ports import free_port
+
+NS = emulator.NAMESPACE
+pytestmark = pytest.mark.timeout(240)
+STARTUP = 90.0  # two tiny-model pods and a router starting on a shared 2-core machine
+WAIT = 60.0  # any later step, on the same loaded machine
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture
+def router(redis_server: redis_servers.RedisServer, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path / "router.log").open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asrpool.cli", "route", "--redis-url", redis_server.url,
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture
+async def pods(cluster: emulator.Cluster, tmp_path: Path) -> AsyncIterator[kubelet.Kubelet]:
+    node = kubelet.Kubelet(cluster, NS, "stt", tmp_path)
+    task = asyncio.create_task(node.run())
+    try:
+        yield node
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(node.shutdown)
+        for pod in [*node.running.values(), *node.terminated.values()]:
+            log.warning("pod %s (exit %s):\n%s", pod.name, pod.process.poll(),
+                        pod.log.read_text(errors="replace")[-3000:])
+
+
+def answers(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=1) as response:
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+async def used_slots(url: str) -> dict[str, int]:
+    client = aioredis.Redis.from_url(url)
+    try:
+        return {b.pod_id: b.used_slots for b in await registry.read_pool(client, "stt")}
+    finally:
+        await client.aclose()
+
+
+def audio_until(stop: asyncio.Event) -> Iterator[dict[str, Any]]:
+    """Kyutai-client messages: 80 ms noise frames until ``stop``, then a marker and silence."""
+    second = (0.2 * np.random.default_rng(7).standard_normal(24_000)).astype(np.float32)
+    silence = np.zeros(24_000, dtype=np.float32)
+    while not stop.is_set():
+        for start in range(0, 24_000, 1920):
+            yield {"type": "Audio", "pcm": second[start:start + 1920]}
+    yield {"type": "Audio", "pcm": silence}
+    yield {"type": "Marker", "id": 0}
+    for _ in range(3):
+        yield {"type": "Audio", "pcm": silence}
+
+
+async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
+    cluster: emulator.Cluster, operator: KopfRunner, pods: kubelet.Kubelet, router: str,
+    redis_server: redis_servers.RedisServer,
+) -> None:
+    await cluster.create(checks.manifest(slots=2, slotsPerPod=1, model={"name": "tiny"},
+                                         resources={"gpus": 0}, drainGracePeriodSeconds=10))
+
+    def serving(slots: int, free: int) -> dict[str, Any]:
+        status = checks.pool_status(cluster)
+        assert (status.get("slots"), status.get("freeSlots")) == (slots, free), status
+        return status
+
+    await eventually(lambda: serving(2, 2), STARTUP)
+    await eventually(lambda: checks.assert_equal(answers(router), True), STARTUP)
+
+    url = f"ws://{router}/api/asr-streaming?pool=stt"
+    async with await kyutai_client.connect(url) as ws:
+        await kyutai_client.expect(ws, "Ready", WAIT)
+        scaled_down = asyncio.Event()
+        sender = asyncio.create_task(
+            kyutai_client.send_paced(ws, audio_until(scaled_down), realtime=1.0))
+        received = asyncio.create_task(kyutai_client.until_marker(ws, 0, timeout=200))
+        await eventually(lambda: serving(2, 1), WAIT)
+        (busy,) = [pod for pod, used in (await used_slots(redis_server.url)).items() if used]
+        (idle,) = set(pods.running) - {busy}
+
+        await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 1}})
+        await eventually(lambda: checks.assert_equal(checks.replicas(cluster), 1), WAIT)
+        await eventually(lambda: checks.assert_equal(set(pods.terminated), {idle}), WAIT)
+        assert await asyncio.to_thread(pods.terminated[idle].process.wait, 30) == 0
+        assert set(pods.running) == {busy}
+        assert pods.running[busy].process.poll() is None
+        assert not received.done()  # the stream is still open, audio still flowing
+
+        scaled_down.set()
+        transcript = await received
+        await sender
+    assert [m for m in transcript if m["type"] == "Error"] == []
+    assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
+    await eventually(lambda: serving(1, 1), WAIT)
