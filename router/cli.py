@@ -1,9 +1,77 @@
-"""Subcommands of the router (registered into the ``asrpool`` command)."""
+"""``asrpool route``: run one router replica (registered into the ``asrpool`` command).
+
+Heavy imports (FastAPI, Redis, uvicorn) happen only when the command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+# Flags that map one to one onto RouterSettings fields; environment variables
+# (ASRPOOL_REDIS_URL, ...) fill in what the flags leave out.
+_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--redis-url", {"help": "Redis holding the slot registry (redis://host:port/db)"}),
+    ("--host", {"help": "address to listen on"}),
+    ("--port", {"type": int, "help": "port to listen on"}),
+    (
+        "--policy",
+        {
+            "choices": ["pack", "spread"],
+            "help": "pack: busiest pod with room (default); spread: emptiest pod",
+        },
+    ),
+    ("--api-keys-file", {"help": "YAML/JSON file of hashed API keys (none: no auth)"}),
+    (
+        "--queue-timeout",
+        {"type": float, "help": "seconds to wait for a free slot (0: refuse at once)"},
+    ),
+    ("--pod-token", {"help": "shared secret sent to pods in the asrpool-pod-token header"}),
+    ("--default-pool", {"help": "pool for clients that name none"}),
+    (
+        "--resume-grace-s",
+        {"type": float, "help": "how long a dropped client may resume (match the pods')"},
+    ),
+    ("--session-lease-ms", {"type": int, "help": "lease of a session record, renewed every third"}),
+    ("--router-id", {"help": "this replica's name in session records"}),
+    ("--log-level", {"help": "uvicorn log level"}),
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del subparsers  # filled in by the router's issue
+    parser = subparsers.add_parser(
+        "route",
+        help="run a router: one websocket endpoint in front of a pool of server pods",
+        description="Admit streams atomically in Redis, pin them to pods, proxy them. "
+        "Every flag can also be set as an ASRPOOL_* environment variable; flags win.",
+    )
+    for flag, options in _FLAGS:
+        parser.add_argument(flag, default=None, **options)
+    parser.set_defaults(handler=run)
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    from asrpool.router import settings
+
+    given = {
+        flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
+        for flag, _ in _FLAGS
+    }
+    return settings.RouterSettings(**{k: v for k, v in given.items() if v is not None})
+
+
+def run(args: argparse.Namespace) -> int:
+    import pydantic
+
+    from asrpool.common import auth
+    from asrpool.router import serving
+
+    try:
+        config = settings_from(args)
+        return serving.serve(config)
+    except pydantic.ValidationError as exc:
+        print(f"asrpool route: invalid settings:\n{exc}")
+        return 2
+    except auth.KeyFileError as exc:
+        print(f"asrpool route: {exc}")
+        return 2

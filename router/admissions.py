@@ -1,0 +1,221 @@
+"""Admission and session records in Redis: every call is one atomic Lua script.
+
+:class:`Admissions` is the router's whole view of shared state. It holds no state of
+its own beyond the registered scripts; the streams a router holds are in
+:class:`Session` objects owned by their handlers and listed in :class:`Sessions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable
+from typing import Literal
+
+import redis.asyncio as aioredis
+
+from asrpool.router import scripts, settings, tokens
+
+Reason = Literal["busy", "unknown_pool", "key_limit", "bad_resume_token", "pod_gone"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a client asks for: a stream in ``pool`` on behalf of API key ``key_id``."""
+
+    pool: str
+    key_id: str  # "" when the router runs without API keys
+    key_limit: int  # 0: no limit
+    token: tokens.ResumeToken
+    conn: str  # this connection's id: only its owner may renew or end a session
+
+
+@dataclasses.dataclass
+class Session:
+    """One stream this router holds; the source of truth to rebuild Redis from."""
+
+    session_id: str
+    pool: str
+    pod_id: str
+    address: str
+    key_id: str
+    token_sha: str
+    conn: str
+    router: str
+    started_ms: int = 0
+    pod_resume_token: str = ""
+    pod_session_id: str = ""
+    state: str = "reserved"
+    # Set by lease renewal when the pod's heartbeat has lapsed for good (a pod that
+    # vanished without closing its sockets).
+    pod_gone: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
+    missed_beats: int = 0
+
+    def fields(self) -> list[str]:
+        """The record's field/value pairs as Redis stores them (``conn`` apart)."""
+        pairs = {
+            "session_id": self.session_id,
+            "pool": self.pool,
+            "pod": self.pod_id,
+            "address": self.address,
+            "key_id": self.key_id,
+            "started_ms": str(self.started_ms),
+            "router": self.router,
+            "token_sha": self.token_sha,
+            "state": self.state,
+            "pod_resume_token": self.pod_resume_token,
+            "pod_session_id": self.pod_session_id,
+        }
+        return [item for pair in pairs.items() for item in pair]
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    reason: Reason
+    rank: int | None = None  # place in the wait queue, for "busy"
+
+
+class Admissions:
+    def __init__(self, redis: aioredis.Redis, config: settings.RouterSettings) -> None:
+        self.redis = redis
+        self.config = config
+        self._admit = redis.register_script(scripts.ADMIT)
+        self._leave = redis.register_script(scripts.LEAVE_QUEUE)
+        self._attach = redis.register_script(scripts.ATTACH)
+        self._renew = redis.register_script(scripts.RENEW)
+        self._release = redis.register_script(scripts.RELEASE)
+        self._detach = redis.register_script(scripts.DETACH)
+        self._resume = redis.register_script(scripts.RESUME)
+
+    async def admit(
+        self, request: Request, exclude: Iterable[str] = (), ticket: str = ""
+    ) -> Session | Refused:
+        """Reserve a slot on a pod of the request's pool, or say why not."""
+        c = self.config
+        reply = await self._admit(
+            args=[
+                request.pool,
+                request.token.session_id,
+                request.key_id,
+                request.key_limit,
+                c.policy,
+                c.hold_ms,
+                ",".join(exclude),
+                ticket,
+                max(2000, c.session_lease_ms),
+                c.router_id,
+                request.token.sha256,
+                request.conn,
+                c.pending_ms,
+            ]
+        )
+        if reply[0] != "ok":
+            rank = int(reply[1]) if len(reply) > 1 else None
+            return Refused(reply[0], rank)
+        return Session(
+            session_id=request.token.session_id,
+            pool=request.pool,
+            pod_id=reply[1],
+            address=reply[2],
+            key_id=request.key_id,
+            token_sha=request.token.sha256,
+            conn=request.conn,
+            router=c.router_id,
+            started_ms=int(reply[3]),
+        )
+
+    async def leave_queue(self, pool: str, ticket: str) -> None:
+        await self._leave(args=[pool, ticket])
+
+    async def attach(self, session: Session) -> bool:
+        """The pod accepted: record what it said (its own ids, for a resume)."""
+        session.state = "attached"
+        return bool(
+            await self._attach(
+                args=[
+                    session.session_id,
+                    session.conn,
+                    self.config.hold_ms,
+                    session.pod_resume_token,
+                    session.pod_session_id,
+                ]
+            )
+        )
+
+    async def resume(self, request: Request) -> Session | Refused:
+        """Claim a detached (or orphaned) session for this connection."""
+        c = self.config
+        reply = await self._resume(
+            args=[
+                request.token.session_id,
+                request.token.sha256,
+                request.key_id,
+                request.conn,
+                c.hold_ms,
+                c.router_id,
+            ]
+        )
+        if reply[0] == "bad_token":
+            return Refused("bad_resume_token")
+        if reply[0] == "pod_gone":
+            return Refused("pod_gone")
+        return Session(
+            session_id=request.token.session_id,
+            pool=reply[4],
+            pod_id=reply[1],
+            address=reply[2],
+            key_id=request.key_id,
+            token_sha=request.token.sha256,
+            conn=request.conn,
+            router=c.router_id,
+            started_ms=int(reply[5]),
+            pod_resume_token=reply[3],
+            state="resuming",
+        )
+
+    async def release(self, session: Session) -> None:
+        await self._release(args=[session.session_id, session.conn, session.pod_id, session.key_id])
+
+    async def detach(self, session: Session) -> None:
+        await self._detach(
+            args=[session.session_id, session.conn, int(self.config.resume_grace_s * 1000)]
+        )
+
+    async def renew(self, sessions: Iterable[Session]) -> list[bool]:
+        """Extend every lease (and rebuild records that Redis lost) in one round trip.
+        Says, session by session, whether its pod's heartbeat is still there."""
+        c = self.config
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for s in sessions:
+                await self._renew(
+                    args=[
+                        s.session_id,
+                        s.conn,
+                        c.hold_ms,
+                        s.pod_id,
+                        s.key_id,
+                        *s.fields(),
+                    ],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        return [reply != 2 for reply in replies]
+
+
+class Sessions:
+    """The sessions this router holds, renewed together by :func:`leasing.renew_forever`."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Session] = {}
+
+    def add(self, session: Session) -> None:
+        self._open[session.conn] = session
+
+    def discard(self, session: Session) -> None:
+        self._open.pop(session.conn, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def snapshot(self) -> list[Session]:
+        return list(self._open.values())

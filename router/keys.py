@@ -1,0 +1,36 @@
+"""Redis keys the router adds to the registry (the pods' keys are in ``common.registry``).
+
+| key | type | content |
+| --- | --- | --- |
+| ``asrpool:session:{sid}`` | hash, lease | the pinning record of one session |
+| ``asrpool:pod:{pod}:sessions`` | zset | session ids on the pod, scored by end of counting |
+| ``asrpool:apikey:{key}:sessions`` | zset | session ids of one API key, scored by lease deadline |
+| ``asrpool:pool:{pool}:queue`` | zset | waiting tickets, scored by arrival order |
+| ``asrpool:pool:{pool}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
+
+The zsets carry a TTL as long as their last member counts, so the keys of dead pods
+and idle API keys vanish by themselves. The Lua scripts build the same names from the
+same prefix; keep both in step.
+"""
+
+from __future__ import annotations
+
+from asrpool.common import registry
+
+P = registry.KEY_PREFIX
+
+
+def session(sid: str) -> str:
+    return f"{P}:session:{sid}"
+
+
+def pod_sessions(pod_id: str) -> str:
+    return f"{P}:pod:{pod_id}:sessions"
+
+
+def key_sessions(key_id: str) -> str:
+    return f"{P}:apikey:{key_id}:sessions"
+
+
+def pool_queue(pool: str) -> str:
+    return f"{P}:pool:{pool}:queue"

@@ -1,0 +1,87 @@
+"""Finding a stream its pod: admit in Redis, open on the pod, retry elsewhere on a refusal.
+
+Redis admission is conservative but the pod is the final arbiter of its slots: when a
+pod refuses (or cannot be reached), the reservation is released and the next pod the
+policy picks is tried, up to ``pod_attempts`` pods. With ``queue_timeout`` set, a busy
+pool is waited on (first come, first served across routers) until the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import redis
+
+from asrpool.router import admissions, pods, refusals, wiring
+
+log = logging.getLogger(__name__)
+
+Placed = tuple[admissions.Session, pods.Opened]
+
+
+def refusal_for(refused: admissions.Refused, request: admissions.Request) -> refusals.Refusal:
+    if refused.reason == "unknown_pool":
+        return refusals.unknown_pool(request.pool)
+    if refused.reason == "key_limit":
+        return refusals.key_limit(request.key_id, request.key_limit)
+    if refused.reason == "bad_resume_token":
+        return refusals.bad_resume_token()
+    if refused.reason == "pod_gone":
+        return refusals.pod_gone()
+    return refusals.busy()
+
+
+async def place(request: admissions.Request, deps: wiring.Deps) -> Placed | refusals.Refusal:
+    """Raises :class:`redis.RedisError` when Redis cannot be reached."""
+    config = deps.config
+    ticket = uuid.uuid4().hex if config.queue_timeout > 0 else ""
+    deadline = time.monotonic() + config.queue_timeout
+    tried: list[str] = []
+    while True:
+        got = await deps.admissions.admit(request, tried, ticket)
+        if isinstance(got, admissions.Refused):
+            if got.reason == "busy" and ticket and time.monotonic() < deadline:
+                await asyncio.sleep(config.queue_poll_s)
+                continue
+            if ticket:
+                await deps.admissions.leave_queue(request.pool, ticket)
+            return refusal_for(got, request)
+        outcome = await pods.open_stream(got.address, config)
+        if isinstance(outcome, pods.Opened):
+            await attach(got, outcome, deps)
+            return got, outcome
+        log.info("pod %s did not take a stream: %s", got.pod_id, outcome)
+        await deps.admissions.release(got)
+        tried.append(got.pod_id)
+        if len(tried) >= config.pod_attempts:
+            return refusals.busy()
+
+
+async def attach(session: admissions.Session, opened: pods.Opened, deps: wiring.Deps) -> None:
+    """Record what the pod said. The stream is open whatever Redis does now: if it is
+    down, lease renewal writes the record once it is back."""
+    session.pod_session_id = opened.pod_session_id
+    session.pod_resume_token = opened.pod_resume_token or session.pod_resume_token
+    try:
+        await deps.admissions.attach(session)
+    except redis.RedisError as exc:
+        deps.meters.redis_errors.labels("attach").inc()
+        log.warning("session %s open but not recorded yet: %s", session.session_id, exc)
+
+
+async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | refusals.Refusal:
+    """Reattach to the pod that holds the session. Raises :class:`redis.RedisError`."""
+    got = await deps.admissions.resume(request)
+    if isinstance(got, admissions.Refused):
+        return refusal_for(got, request)
+    outcome = await pods.open_stream(got.address, deps.config, got.pod_resume_token)
+    if isinstance(outcome, pods.Opened):
+        await attach(got, outcome, deps)
+        return got, outcome
+    await deps.admissions.release(got)
+    if isinstance(outcome, pods.Refused) and outcome.code != "bad_resume_token":
+        return refusals.Refusal(outcome.code, outcome.message, 1011)
+    return refusals.bad_resume_token() if isinstance(outcome, pods.Refused) else refusals.pod_gone()

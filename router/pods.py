@@ -1,0 +1,120 @@
+"""Opening a stream on a server pod: connect, then read the pod's first word.
+
+The pod is the final arbiter of its slots: it answers ``Ready`` when it took the
+stream, or ``Error`` (``busy``, ``draining``, ``bad_resume_token``) and a close. The
+router reads that first frame before it forwards anything, so a refusal can be turned
+into a try on another pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import msgpack
+import websockets
+from websockets.asyncio import client as ws_client
+
+from asrpool.common import protocol
+from asrpool.router import settings
+
+log = logging.getLogger(__name__)
+
+# The pod's 101 names how many samples of the stream it has received, so that a
+# resuming client knows where to continue; the router passes it on.
+RESUME_OFFSET_HEADER = "asrpool-resume-offset"
+
+
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """The pod took the stream; ``first`` is its ``Ready`` frame, to forward as is."""
+
+    link: ws_client.ClientConnection
+    first: bytes
+    pod_session_id: str
+    pod_resume_token: str
+    resume_offset: str  # samples of audio the pod holds for this stream (on a resume)
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """The pod answered with an ``Error`` frame (forwarded to the client when final)."""
+
+    code: str
+    message: str
+    frame: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Unreachable:
+    reason: str
+
+
+Outcome = Opened | Refused | Unreachable
+
+
+def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict[str, str]:
+    out = {}
+    if config.pod_token:
+        out[protocol.POD_TOKEN_HEADER] = config.pod_token
+    if pod_resume_token:
+        out[protocol.RESUME_TOKEN_HEADER] = pod_resume_token
+    return out
+
+
+async def open_stream(
+    address: str, config: settings.RouterSettings, pod_resume_token: str = ""
+) -> Outcome:
+    uri = f"ws://{address}{protocol.STREAMING_PATH}"
+    try:
+        link = await ws_client.connect(
+            uri,
+            additional_headers=headers(config, pod_resume_token),
+            open_timeout=config.pod_connect_timeout_s,
+            compression=None,
+            proxy=None,
+            max_size=4 * config.max_message_bytes,
+            # No keepalive pings: a pod that applies backpressure stops reading its
+            # socket, pings go unanswered, and a healthy stream would be cut. A dead
+            # pod closes its sockets or lets its heartbeat lapse (leasing.note_heartbeat).
+            ping_interval=None,
+            close_timeout=2,
+        )
+    except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
+        log.warning("pod %s unreachable: %s", address, exc)
+        return Unreachable(f"{type(exc).__name__}: {exc}")
+    return await _first_frame(link, config.pod_connect_timeout_s)
+
+
+async def _first_frame(link: ws_client.ClientConnection, timeout: float) -> Outcome:
+    try:
+        first = await asyncio.wait_for(link.recv(decode=False), timeout)
+    except (TimeoutError, websockets.ConnectionClosed) as exc:
+        link.transport.abort()
+        return Unreachable(f"no first frame from the pod: {type(exc).__name__}")
+    assert isinstance(first, bytes)  # recv(decode=False) returns bytes
+    kind, code, message = _peek(first)
+    if kind == "Ready":
+        response = link.response
+        got = response.headers if response is not None else {}
+        return Opened(
+            link,
+            first,
+            pod_session_id=got.get(protocol.SESSION_ID_HEADER, ""),
+            pod_resume_token=got.get(protocol.RESUME_TOKEN_HEADER, ""),
+            resume_offset=got.get(RESUME_OFFSET_HEADER, ""),
+        )
+    await link.close()
+    return Refused(code or "internal", message or f"pod answered {kind!r}", first)
+
+
+def _peek(frame: bytes) -> tuple[str, str, str]:
+    """(type, code, message) of a pod's frame; empty strings where absent."""
+    try:
+        body = msgpack.unpackb(frame, raw=False)
+    except (ValueError, msgpack.UnpackException):  # every way msgpack says 'not msgpack'
+        return "", "", ""
+    if not isinstance(body, dict):
+        return "", "", ""
+    return tuple(str(body.get(k) or "") for k in ("type", "code", "message"))  # type: ignore[return-value]

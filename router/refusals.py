@@ -1,0 +1,64 @@
+"""Why a stream was refused or ended, as the client is told: an ``Error`` and a close.
+
+A pure mapping, so every reason has one tested message, ``code`` and close code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from asrpool.common import protocol
+
+# Kubernetes object names (the pool is a StreamingASRPool's name).
+_POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def valid_pool(name: str) -> bool:
+    return bool(_POOL_NAME.fullmatch(name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    code: str
+    message: str
+    close_code: int
+
+    def frame(self) -> bytes:
+        return protocol.error(self.message, self.code)
+
+
+def busy() -> Refusal:
+    return Refusal("busy", protocol.BUSY_MESSAGE, 1013)
+
+
+def unknown_pool(pool: str) -> Refusal:
+    return Refusal("unknown_pool", f"unknown pool {pool[:80]!r}", 1008)
+
+
+def key_limit(key_id: str, limit: int) -> Refusal:
+    return Refusal(
+        "key_limit", f"API key {key_id!r} already has its {limit} concurrent streams", 1008
+    )
+
+
+def bad_resume_token() -> Refusal:
+    return Refusal("bad_resume_token", "unknown or expired resume token", 1008)
+
+
+def pod_gone() -> Refusal:
+    return Refusal("pod_lost", "the pod serving this session is gone; start a new stream", 1011)
+
+
+def pod_lost() -> Refusal:
+    return Refusal("pod_lost", "the pod serving this stream failed; start a new stream", 1011)
+
+
+def unavailable() -> Refusal:
+    return Refusal(
+        "unavailable", "the router cannot reach its session registry; try again shortly", 1013
+    )
+
+
+def too_large(size: int, limit: int) -> Refusal:
+    return Refusal("too_large", f"message of {size} bytes exceeds the limit of {limit} bytes", 1009)

@@ -1,0 +1,223 @@
+"""The router's Lua scripts: every change to admission state is one atomic script.
+
+Redis runs a script alone, so two routers racing for the last slot of a pod see each
+other's reservations: the pod is never given more streams than it has slots. Time is
+Redis's own (``TIME``), so routers on skewed clocks agree on lease deadlines. Keys are
+built inside the scripts from the ``asrpool`` prefix (see :mod:`asrpool.router.keys`);
+this ties the router to one Redis (or a primary with replicas), not a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """
+local P = 'asrpool'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- keep a key at least ms longer (never shorten it): keys of dead pods and keys vanish
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+-- count a session in a zset until the given time
+local function count(key, until_ms, sid)
+  redis.call('ZADD', key, until_ms, sid)
+  keep(key, until_ms - now)
+end
+"""
+
+# The load of one pod, mirroring policies.effective_used. Returns nil for a pod whose
+# heartbeat hash has expired.
+_LOAD = """
+local function load(pod_id)
+  local h = redis.call('HMGET', P .. ':pod:' .. pod_id,
+    'total_slots', 'free_slots', 'draining', 'address')
+  if not h[1] or not h[2] or not h[4] then return nil end
+  local total = tonumber(h[1])
+  local sessions = P .. ':pod:' .. pod_id .. ':sessions'
+  redis.call('ZREMRANGEBYSCORE', sessions, '-inf', now)
+  local used = math.max(total - tonumber(h[2]), redis.call('ZCARD', sessions))
+  return {id = pod_id, address = h[4], total = total,
+          free = math.max(0, total - used), draining = h[3] == '1'}
+end
+"""
+
+# ARGV: pool, sid, key_id, key_limit, policy, hold_ms,
+#       exclude (comma separated pod ids), ticket, ticket_lease_ms, router, token_sha, conn,
+#       pending_ms (how long a reservation counts before the pod has accepted it)
+# Returns {'ok', pod_id, address, now_ms} | {'busy', rank} | {'unknown_pool'} | {'key_limit'}
+ADMIT = (
+    _PRELUDE
+    + _LOAD
+    + """
+local pool, sid, key_id = ARGV[1], ARGV[2], ARGV[3]
+local key_limit, policy = tonumber(ARGV[4]), ARGV[5]
+local hold_ms = tonumber(ARGV[6])
+local exclude = {}
+for id in string.gmatch(ARGV[7], '[^,]+') do exclude[id] = true end
+local ticket, ticket_lease_ms = ARGV[8], tonumber(ARGV[9])
+
+if redis.call('SISMEMBER', P .. ':pools', pool) == 0 then return {'unknown_pool'} end
+
+local key_sessions = P .. ':apikey:' .. key_id .. ':sessions'
+if key_id ~= '' then
+  redis.call('ZREMRANGEBYSCORE', key_sessions, '-inf', now)
+  if key_limit > 0 and redis.call('ZCARD', key_sessions) >= key_limit then
+    return {'key_limit'}
+  end
+end
+
+local pods_key = P .. ':pool:' .. pool .. ':pods'
+redis.call('ZREMRANGEBYSCORE', pods_key, '-inf', now)
+local best = nil
+local free_total = 0
+for _, pod_id in ipairs(redis.call('ZRANGE', pods_key, 0, -1)) do
+  local pod = load(pod_id)
+  if pod and not pod.draining and pod.free > 0 and not exclude[pod.id] then
+    free_total = free_total + pod.free
+    if best == nil then
+      best = pod
+    elseif policy == 'pack' then
+      if pod.free < best.free or (pod.free == best.free and pod.id < best.id) then best = pod end
+    else
+      if pod.free > best.free or (pod.free == best.free and pod.id < best.id) then best = pod end
+    end
+  end
+end
+
+local queue = P .. ':pool:' .. pool .. ':queue'
+local leases = queue .. ':leases'
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
+  redis.call('ZREM', queue, gone)
+  redis.call('ZREM', leases, gone)
+end
+local rank
+if ticket ~= '' then
+  if not redis.call('ZSCORE', queue, ticket) then
+    redis.call('ZADD', queue, redis.call('INCR', queue .. ':seq'), ticket)
+    keep(queue .. ':seq', ticket_lease_ms)
+    keep(queue, ticket_lease_ms)
+  end
+  count(leases, now + ticket_lease_ms, ticket)
+  rank = redis.call('ZRANK', queue, ticket)
+else
+  rank = redis.call('ZCARD', queue)
+end
+if best == nil or rank >= free_total then return {'busy', tostring(rank)} end
+if ticket ~= '' then
+  redis.call('ZREM', queue, ticket)
+  redis.call('ZREM', leases, ticket)
+end
+
+local deadline = now + tonumber(ARGV[13])
+count(P .. ':pod:' .. best.id .. ':sessions', deadline, sid)
+if key_id ~= '' then count(key_sessions, deadline, sid) end
+local skey = P .. ':session:' .. sid
+redis.call('HSET', skey, 'session_id', sid, 'pool', pool, 'pod', best.id,
+  'address', best.address, 'key_id', key_id, 'started_ms', now, 'router', ARGV[10],
+  'token_sha', ARGV[11], 'conn', ARGV[12], 'state', 'reserved')
+redis.call('PEXPIRE', skey, hold_ms)
+return {'ok', best.id, best.address, tostring(now)}
+"""
+)
+
+# Leave the wait queue. ARGV: pool, ticket
+LEAVE_QUEUE = """
+local queue = 'asrpool:pool:' .. ARGV[1] .. ':queue'
+redis.call('ZREM', queue, ARGV[2])
+redis.call('ZREM', queue .. ':leases', ARGV[2])
+return 1
+"""
+
+# The pod accepted the stream: it now holds the slot, for its resume grace even if this
+# router dies, so the session counts for the whole hold. ARGV: sid, conn, hold_ms,
+# pod_resume_token, pod_session_id. Returns 0 when the session is no longer this
+# connection's.
+ATTACH = (
+    _PRELUDE
+    + """
+local skey = P .. ':session:' .. ARGV[1]
+if redis.call('HGET', skey, 'conn') ~= ARGV[2] then return 0 end
+local h = redis.call('HMGET', skey, 'pod', 'key_id')
+redis.call('HSET', skey, 'state', 'attached', 'pod_resume_token', ARGV[4],
+  'pod_session_id', ARGV[5])
+redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
+local until_ms = now + tonumber(ARGV[3])
+count(P .. ':pod:' .. h[1] .. ':sessions', until_ms, ARGV[1])
+if h[2] ~= '' then count(P .. ':apikey:' .. h[2] .. ':sessions', until_ms, ARGV[1]) end
+return 1
+"""
+)
+
+# Renew (or, after Redis lost its data, rebuild) one session held by this connection.
+# ARGV: sid, conn, hold_ms, pod, key_id, then field/value pairs of the record.
+# Returns 0: claimed by another connection; 1: renewed; 2: renewed, but the pod's
+# heartbeat has lapsed.
+RENEW = (
+    _PRELUDE
+    + """
+local sid, conn, pod, key_id = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
+local skey = P .. ':session:' .. sid
+local owner = redis.call('HGET', skey, 'conn')
+if owner and owner ~= conn then return 0 end
+local deadline = now + tonumber(ARGV[3])
+if not owner then  -- Redis lost the record (a restart): write it again
+  local fields = {}
+  for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+  redis.call('HSET', skey, 'conn', conn, unpack(fields))
+end
+redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
+count(P .. ':pod:' .. pod .. ':sessions', deadline, sid)
+if key_id ~= '' then count(P .. ':apikey:' .. key_id .. ':sessions', deadline, sid) end
+if redis.call('EXISTS', P .. ':pod:' .. pod) == 0 then return 2 end
+return 1
+"""
+)
+
+# End a session for good. ARGV: sid, conn, pod, key_id. A record another connection has
+# claimed (a resume through another router) is left alone.
+RELEASE = """
+local skey = 'asrpool:session:' .. ARGV[1]
+local owner = redis.call('HGET', skey, 'conn')
+if owner and owner ~= ARGV[2] then return 0 end
+redis.call('DEL', skey)
+redis.call('ZREM', 'asrpool:pod:' .. ARGV[3] .. ':sessions', ARGV[1])
+if ARGV[4] ~= '' then redis.call('ZREM', 'asrpool:apikey:' .. ARGV[4] .. ':sessions', ARGV[1]) end
+return 1
+"""
+
+# The client went away but the pod keeps the slot for a resume: hold the record (and
+# count the slot) for the grace period, owned by no connection. ARGV: sid, conn, grace_ms
+DETACH = (
+    _PRELUDE
+    + """
+local skey = P .. ':session:' .. ARGV[1]
+local h = redis.call('HMGET', skey, 'conn', 'pod', 'key_id')
+if h[1] ~= ARGV[2] then return 0 end
+local until_ms = now + tonumber(ARGV[3])
+redis.call('HSET', skey, 'conn', '', 'state', 'detached')
+redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
+count(P .. ':pod:' .. h[2] .. ':sessions', until_ms, ARGV[1])
+if h[3] ~= '' then count(P .. ':apikey:' .. h[3] .. ':sessions', until_ms, ARGV[1]) end
+return 1
+"""
+)
+
+# Claim a session to resume it. ARGV: sid, token_sha, key_id, conn, hold_ms, router
+# Returns {'ok', pod, address, pod_resume_token, pool, started_ms} | {'bad_token'} | {'pod_gone'}
+RESUME = (
+    _PRELUDE
+    + """
+local skey = P .. ':session:' .. ARGV[1]
+local h = redis.call('HMGET', skey, 'token_sha', 'pod', 'address', 'key_id',
+  'pod_resume_token', 'pool', 'started_ms')
+if not h[1] or h[1] ~= ARGV[2] or h[4] ~= ARGV[3] or not h[5] or h[5] == '' then
+  return {'bad_token'}
+end
+if redis.call('EXISTS', P .. ':pod:' .. h[2]) == 0 then return {'pod_gone'} end
+local deadline = now + tonumber(ARGV[5])
+redis.call('HSET', skey, 'conn', ARGV[4], 'router', ARGV[6], 'state', 'resuming')
+redis.call('PEXPIRE', skey, tonumber(ARGV[5]))
+count(P .. ':pod:' .. h[2] .. ':sessions', deadline, ARGV[1])
+if h[4] ~= '' then count(P .. ':apikey:' .. h[4] .. ':sessions', deadline, ARGV[1]) end
+return {'ok', h[2], h[3], h[5], h[6], h[7]}
+"""
+)

@@ -1,0 +1,61 @@
+"""The router's settings: flags of ``asrpool route`` or ``ASRPOOL_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pydantic
+import pydantic_settings
+
+from asrpool.common import protocol, registry
+from asrpool.router import policies
+
+
+def _router_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class RouterSettings(pydantic_settings.BaseSettings):
+    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    host: str = "0.0.0.0"
+    port: int = pydantic.Field(default=8080, ge=0, le=65535)
+    policy: policies.Policy = "pack"
+    api_keys_file: Path | None = None
+    queue_timeout: float = pydantic.Field(default=0.0, ge=0.0, le=300.0)
+    pod_token: str | None = None
+    default_pool: str = registry.DEFAULT_POOL
+    router_id: str = pydantic.Field(default_factory=_router_id)
+
+    # Leases: a router renews its sessions every session_lease_ms/3. A session counts
+    # on its pod until session_lease_ms + resume_grace_s after its last renewal: a
+    # crashed router's client may resume that long, and its pod holds the slot as long
+    # (keep resume_grace_s at least the pods' --resume-grace-seconds).
+    session_lease_ms: int = pydantic.Field(default=3000, ge=100)
+    resume_grace_s: float = pydantic.Field(default=30.0, gt=0)
+    # A pod's heartbeat missing this long ends its sessions (a pod that vanished
+    # without closing its sockets); longer than the pods' lease (3 s) plus the time a
+    # restarted Redis takes to be refilled by heartbeats.
+    pod_gone_after_ms: int = pydantic.Field(default=5000, ge=0)
+    queue_poll_s: float = pydantic.Field(default=0.1, gt=0)
+
+    pod_connect_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    pod_attempts: int = pydantic.Field(default=3, ge=1)
+    max_message_bytes: int = pydantic.Field(default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    redis_timeout_s: float = pydantic.Field(default=0.5, gt=0)
+    log_level: str = "info"
+
+    @property
+    def pending_ms(self) -> int:
+        """How long a reservation counts before its pod accepts it (then, the hold): a
+        router that dies while dialling a pod leaves the slot free again this soon."""
+        dialling = self.session_lease_ms + int(2 * self.pod_connect_timeout_s * 1000)
+        return min(dialling, self.hold_ms)
+
+    @property
+    def hold_ms(self) -> int:
+        """How long a session counts (and its record lives) after its last renewal."""
+        return self.session_lease_ms + int(self.resume_grace_s * 1000)

@@ -1,0 +1,206 @@
+"""One client stream through the router, from upgrade to close.
+
+Order: authenticate (a bad key is HTTP 401 before the upgrade, as Kyutai's server
+does); place the stream (or resume it) on a pod that answered ``Ready``; accept,
+handing the session id, resume token and the pod's resume offset in the 101's
+headers; forward the ``Ready``; proxy; end both sides as the way it ended requires.
+Refusals are an upgrade, an ``Error`` and a close, as the pod's own busy answer is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+
+import redis
+from starlette import responses
+from starlette import websockets as starlette_ws
+
+from asrpool.common import auth, protocol
+from asrpool.router import admissions, placing, pods, proxying, refusals, tokens, wiring
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = auth.ApiKey(id="", sha256="")
+
+
+def authenticate(ws: starlette_ws.WebSocket, keyring: auth.KeyRing | None) -> auth.ApiKey | None:
+    if keyring is None:
+        return ANONYMOUS
+    plain = ws.headers.get(protocol.API_KEY_HEADER) or ws.query_params.get(protocol.API_KEY_QUERY)
+    return keyring.find(plain)
+
+
+async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps) -> None:
+    key = authenticate(ws, deps.keyring)
+    if key is None:
+        deps.meters.rejections.labels("unauthorized").inc()
+        await ws.send_denial_response(
+            responses.PlainTextResponse("invalid or missing API key", status_code=401)
+        )
+        return
+    conn = uuid.uuid4().hex
+    resume_text = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
+    if resume_text is not None:
+        await _resume(ws, resume_text, key, conn, deps)
+    else:
+        await _start(ws, pool or deps.config.default_pool, key, conn, deps)
+
+
+def _extension_headers(token: tokens.ResumeToken, opened: pods.Opened) -> list[tuple[bytes, bytes]]:
+    out = [
+        (protocol.SESSION_ID_HEADER, token.session_id),
+        (protocol.RESUME_TOKEN_HEADER, token.text),
+    ]
+    if opened.resume_offset:
+        out.append((pods.RESUME_OFFSET_HEADER, opened.resume_offset))
+    return [(name.encode(), value.encode()) for name, value in out]
+
+
+async def _start(
+    ws: starlette_ws.WebSocket, pool: str, key: auth.ApiKey, conn: str, deps: wiring.Deps
+) -> None:
+    if not refusals.valid_pool(pool):
+        await refuse(ws, refusals.unknown_pool(pool), deps)
+        return
+    token = tokens.mint(tokens.new_session_id())
+    request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
+    started = time.perf_counter()
+    try:
+        placed = await placing.place(request, deps)
+    except redis.RedisError as exc:
+        deps.meters.redis_errors.labels("admit").inc()
+        log.warning("admission failed, Redis unreachable: %s", exc)
+        placed = refusals.unavailable()
+    if isinstance(placed, refusals.Refusal):
+        await refuse(ws, placed, deps)
+        return
+    deps.meters.admission_seconds.observe(time.perf_counter() - started)
+    deps.meters.admissions.labels(pool, "new").inc()
+    await run(ws, token, placed[0], placed[1], deps)
+
+
+async def _resume(
+    ws: starlette_ws.WebSocket, text: str, key: auth.ApiKey, conn: str, deps: wiring.Deps
+) -> None:
+    token = tokens.parse(text)
+    if token is None:
+        await refuse(ws, refusals.bad_resume_token(), deps)
+        return
+    request = admissions.Request("", key.id, 0, token, conn)
+    try:
+        placed = await placing.resume(request, deps)
+    except redis.RedisError as exc:
+        deps.meters.redis_errors.labels("resume").inc()
+        log.warning("resume failed, Redis unreachable: %s", exc)
+        placed = refusals.unavailable()
+    if isinstance(placed, refusals.Refusal):
+        await refuse(ws, placed, deps)
+        return
+    deps.meters.admissions.labels(placed[0].pool, "resume").inc()
+    await run(ws, token, placed[0], placed[1], deps)
+
+
+async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wiring.Deps) -> None:
+    """Upgrade (if not done yet), then the ``Error`` and a close, as Kyutai's server does."""
+    deps.meters.rejections.labels(refusal.code).inc()
+    if ws.application_state == starlette_ws.WebSocketState.CONNECTING:
+        with contextlib.suppress(starlette_ws.WebSocketDisconnect):
+            await ws.accept()
+    await tell(ws, refusal)
+
+
+async def tell(ws: starlette_ws.WebSocket, refusal: refusals.Refusal) -> None:
+    """Send the ``Error`` and close, if the client is still there to hear it."""
+    if not _open(ws):
+        return
+    with contextlib.suppress(starlette_ws.WebSocketDisconnect):
+        await ws.send_bytes(refusal.frame())
+        await ws.close(refusal.close_code)
+
+
+def _open(ws: starlette_ws.WebSocket) -> bool:
+    connected = starlette_ws.WebSocketState.CONNECTED
+    return ws.client_state == connected and ws.application_state == connected
+
+
+async def run(
+    ws: starlette_ws.WebSocket,
+    token: tokens.ResumeToken,
+    session: admissions.Session,
+    opened: pods.Opened,
+    deps: wiring.Deps,
+) -> None:
+    """Upgrade with the session's headers, forward the pod's Ready, proxy, settle."""
+    try:
+        await ws.accept(headers=_extension_headers(token, opened))
+    except starlette_ws.WebSocketDisconnect:
+        await finish(ws, session, opened, proxying.ClientLeft(1000), deps)
+        return
+    deps.sessions.add(session)
+    deps.meters.sessions_open.inc()
+    try:
+        end = await _proxy(ws, session, opened, deps)
+    finally:
+        deps.sessions.discard(session)
+        deps.meters.sessions_open.dec()
+    await finish(ws, session, opened, end, deps)
+
+
+async def _proxy(
+    ws: starlette_ws.WebSocket,
+    session: admissions.Session,
+    opened: pods.Opened,
+    deps: wiring.Deps,
+) -> proxying.End:
+    try:
+        await ws.send_bytes(opened.first)
+    except starlette_ws.WebSocketDisconnect as exc:
+        return proxying.ClientLeft(exc.code)
+    return await proxying.proxy(
+        ws, opened.link, deps.config.max_message_bytes, deps.meters, session.pod_gone
+    )
+
+
+async def finish(
+    ws: starlette_ws.WebSocket,
+    session: admissions.Session,
+    opened: pods.Opened,
+    end: proxying.End,
+    deps: wiring.Deps,
+) -> None:
+    """Tell each side what the other did, then settle the session in Redis."""
+    log.info("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
+    detach = isinstance(end, proxying.ClientLeft) and end.code in proxying.DETACHING_CODES
+    abort = detach or isinstance(end, proxying.PodLost)
+    if abort:
+        # A lost client: drop the link without a close frame, so that the pod keeps the
+        # slot for a resume. A lost pod: nothing to wait for.
+        opened.link.transport.abort()
+    await _tell_client(ws, end, deps)
+    if not abort:
+        await opened.link.close()  # a clean end: the pod frees the slot
+    try:
+        await (deps.admissions.detach(session) if detach else deps.admissions.release(session))
+    except redis.RedisError as exc:
+        deps.meters.redis_errors.labels("release").inc()
+        log.warning("session %s not settled in Redis (its lease will): %s", session.session_id, exc)
+
+
+async def _tell_client(ws: starlette_ws.WebSocket, end: proxying.End, deps: wiring.Deps) -> None:
+    if isinstance(end, proxying.TooLarge):
+        await refuse(ws, refusals.too_large(end.size, deps.config.max_message_bytes), deps)
+    elif isinstance(end, proxying.PodLost):
+        await refuse(ws, refusals.pod_lost(), deps)
+    elif isinstance(end, proxying.PodClosed) and _open(ws):
+        code = end.code if end.code not in (1005, 1006, 1015) else 1000
+        with contextlib.suppress(starlette_ws.WebSocketDisconnect):
+            await ws.close(code, end.reason)
+
+
+def describe(end: proxying.End) -> str:
+    fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(end).items())
+    return f"{type(end).__name__}({fields})"

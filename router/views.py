@@ -1,0 +1,66 @@
+"""A read-only JSON view of pools and pods, as admission counts them.
+
+Reads are not atomic (admission may move between them); the view is for people and
+dashboards, never for decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from asrpool.common import registry
+from asrpool.router import keys, policies
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    beat: registry.PodHeartbeat
+    router_sessions: int
+
+    @property
+    def load(self) -> policies.PodLoad:
+        used = policies.effective_used(self.beat.used_slots, self.router_sessions)
+        return policies.PodLoad(
+            self.beat.pod_id, self.beat.address, self.beat.total_slots, used, self.beat.draining
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        load = self.load
+        return {
+            "pod_id": self.beat.pod_id,
+            "address": self.beat.address,
+            "model": self.beat.model,
+            "draining": self.beat.draining,
+            "total_slots": self.beat.total_slots,
+            "reported_free_slots": self.beat.free_slots,
+            "router_sessions": self.router_sessions,
+            "free_slots": 0 if load.draining else load.free,
+            "updated_ms": self.beat.updated_ms,
+        }
+
+
+async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat) -> PodView:
+    now = registry.now_ms()
+    live = await redis.zcount(keys.pod_sessions(beat.pod_id), f"({now}", "+inf")
+    return PodView(beat, live)
+
+
+async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodView]:
+    return [await read_pod(redis, beat) for beat in await registry.read_pool(redis, pool)]
+
+
+async def pools_json(redis: aioredis.Redis) -> dict[str, Any]:
+    out = {}
+    for pool in await registry.read_pools(redis):
+        pods = await read_pool(redis, pool)
+        loads = [p.load for p in pods]
+        out[pool] = {
+            "total_slots": sum(p.total for p in loads),
+            "free_slots": policies.free_slots(loads),
+            "waiting": await redis.zcard(keys.pool_queue(pool)),
+            "pods": [p.to_json() for p in pods],
+        }
+    return {"pools": out}

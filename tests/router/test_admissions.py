@@ -1,0 +1,276 @@
+"""Admission, leases, key limits, queueing and resume records, against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from asrpool.common import registry
+from asrpool.router import admissions, keys, leasing, tokens, views, wiring
+from tests.router import support
+from tests.support.redis_servers import RedisServer
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+def store(redis: aioredis.Redis, url: str, **overrides: Any) -> admissions.Admissions:
+    return admissions.Admissions(redis, support.config(url, **overrides))
+
+
+def request(
+    pool: str = "default", key_id: str = "", limit: int = 0, conn: str = ""
+) -> admissions.Request:
+    token = tokens.mint(tokens.new_session_id())
+    return admissions.Request(pool, key_id, limit, token, conn or token.session_id)
+
+
+async def free_of(redis: aioredis.Redis, pool: str = "default") -> dict[str, int]:
+    return {p.beat.pod_id: p.load.free for p in await views.read_pool(redis, pool)}
+
+
+async def test_racing_routers_never_over_admit(redis_server: RedisServer) -> None:
+    """4 routers (own clients), 3 pods of 4 slots, 40 admissions at once: exactly 12."""
+    clients = [aioredis.Redis.from_url(redis_server.url, decode_responses=True) for _ in range(4)]
+    for i in range(3):
+        await support.beat(clients[0], f"pod-{i}", total=4)
+    stores = [store(c, redis_server.url) for c in clients]
+    results = await asyncio.gather(*(stores[i % 4].admit(request()) for i in range(40)))
+    admitted = [r for r in results if isinstance(r, admissions.Session)]
+    assert len(admitted) == 12
+    assert collections.Counter(s.pod_id for s in admitted) == {"pod-0": 4, "pod-1": 4, "pod-2": 4}
+    assert {r.reason for r in results if isinstance(r, admissions.Refused)} == {"busy"}
+    for c in clients:
+        await c.aclose()
+
+
+async def test_the_pods_own_count_is_a_floor(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """Streams the pod reports that no router holds (Redis lost them) still count."""
+    await support.beat(redis, "a", total=4, free=0)
+    s = store(redis, redis_server.url)
+    assert await s.admit(request()) == admissions.Refused("busy", 0)
+    await support.beat(redis, "a", total=4, free=3)
+    assert isinstance(await s.admit(request()), admissions.Session)
+    assert await free_of(redis) == {"a": 3}
+
+
+async def test_a_reservation_counts_from_the_start_and_only_once(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=2)
+    s = store(redis, redis_server.url)
+    first = await s.admit(request())
+    assert isinstance(first, admissions.Session)
+    assert await free_of(redis) == {"a": 1}  # before the pod has even accepted it
+    await s.attach(first)
+    await support.beat(redis, "a", total=2, free=1)  # the pod now reports it
+    assert await free_of(redis) == {"a": 1}  # counted once, not twice
+    await s.release(first)
+    assert await free_of(redis) == {"a": 1}  # the pod's stale report still holds it
+    await support.beat(redis, "a", total=2, free=2)
+    assert await free_of(redis) == {"a": 2}
+
+
+async def test_draining_and_dead_pods_get_nothing(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "draining", total=4, draining=True)
+    await support.beat(redis, "dying", total=4, lease_ms=100)
+    await asyncio.sleep(0.2)
+    got = await store(redis, redis_server.url).admit(request())
+    assert got == admissions.Refused("busy", 0)
+
+
+async def test_unknown_pool(redis: aioredis.Redis, redis_server: RedisServer) -> None:
+    await support.beat(redis, "a")
+    got = await store(redis, redis_server.url).admit(request(pool="nope"))
+    assert got == admissions.Refused("unknown_pool")
+
+
+async def test_key_limit_counts_the_keys_streams_on_every_router(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=8)
+    one, two = store(redis, redis_server.url), store(redis, redis_server.url)
+    assert isinstance(await one.admit(request(key_id="team", limit=2)), admissions.Session)
+    held = await two.admit(request(key_id="team", limit=2))
+    assert isinstance(held, admissions.Session)
+    assert await one.admit(request(key_id="team", limit=2)) == admissions.Refused("key_limit")
+    assert isinstance(await one.admit(request(key_id="other", limit=2)), admissions.Session)
+    await two.release(held)
+    assert isinstance(await one.admit(request(key_id="team", limit=2)), admissions.Session)
+
+
+async def test_a_crashed_routers_slots_come_back_after_lease_and_grace(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """As long as the pod may hold them for a resume, then no longer."""
+    await support.beat(redis, "a", total=2)
+    crashed = store(redis, redis_server.url, session_lease_ms=300, resume_grace_s=0.3)
+    for _ in range(2):
+        got = await crashed.admit(request(key_id="k", limit=2))
+        assert isinstance(got, admissions.Session)
+        await crashed.attach(got)
+    assert await free_of(redis) == {"a": 0}
+    # the router dies: nobody renews; the pod (reporting no use) frees nothing itself
+    await support.async_wait_until(lambda: _free_is(redis, {"a": 2}), 5, "leases to expire")
+    assert isinstance(await crashed.admit(request(key_id="k", limit=2)), admissions.Session)
+
+
+async def _free_is(redis: aioredis.Redis, want: dict[str, int]) -> bool:
+    return await free_of(redis) == want
+
+
+async def test_renewal_keeps_sessions_and_rebuilds_them_after_redis_restarts(
+    redis_server: RedisServer,
+) -> None:
+    redis = wiring.connect_redis(support.config(redis_server.url))  # the router's own client
+    await support.beat(redis, "a", total=2)
+    s = store(redis, redis_server.url, session_lease_ms=300)
+    held = await s.admit(request())
+    assert isinstance(held, admissions.Session)
+    await s.attach(held)
+    for _ in range(4):
+        await asyncio.sleep(0.1)
+        await s.renew([held])
+    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    redis_server.kill()
+    redis_server.start()
+    await support.async_wait_until(lambda: renewed(s, held), 5, "renewal after the restart")
+    record = await redis.hgetall(keys.session(held.session_id))
+    assert record["pod"] == "a" and record["state"] == "attached"
+    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    await redis.aclose()
+
+
+async def renewed(s: admissions.Admissions, held: admissions.Session) -> bool:
+    """One period of the renewal loop: a stale connection fails once, then reconnects."""
+    try:
+        await s.renew([held])
+    except redis_errors.ConnectionError:
+        return False
+    return True
+
+
+async def test_release_and_renew_leave_a_session_claimed_elsewhere_alone(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=2)
+    old = store(redis, redis_server.url)
+    req = request()
+    held = await old.admit(req)
+    assert isinstance(held, admissions.Session)
+    held.pod_resume_token = "pod-token"
+    await old.attach(held)
+    resumed = await old.resume(admissions.Request("", "", 0, req.token, "new-conn"))
+    assert isinstance(resumed, admissions.Session) and resumed.pod_id == "a"
+    await old.release(held)  # the old connection ends late: must not end the resumed session
+    await old.renew([held])
+    assert await redis.hget(keys.session(held.session_id), "conn") == "new-conn"
+
+
+async def test_resume_needs_the_token_the_key_and_a_live_pod(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=2)
+    s = store(redis, redis_server.url)
+    req = request(key_id="team")
+    held = await s.admit(req)
+    assert isinstance(held, admissions.Session)
+    held.pod_resume_token = "pod-token"
+    await s.attach(held)
+    await s.detach(held)
+    forged = tokens.ResumeToken(req.token.session_id, req.token.text + "x")
+    assert await s.resume(admissions.Request("", "team", 0, forged, "c2")) == admissions.Refused(
+        "bad_resume_token"
+    )
+    assert await s.resume(
+        admissions.Request("", "other", 0, req.token, "c2")
+    ) == admissions.Refused("bad_resume_token")
+    await redis.delete("asrpool:pod:a")
+    assert await s.resume(admissions.Request("", "team", 0, req.token, "c2")) == admissions.Refused(
+        "pod_gone"
+    )
+
+
+async def test_a_detached_session_holds_its_slot_for_the_grace_period(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=1)
+    s = store(redis, redis_server.url, resume_grace_s=0.4)
+    held = await s.admit(request())
+    assert isinstance(held, admissions.Session)
+    await s.attach(held)
+    await s.detach(held)
+    assert await s.admit(request()) == admissions.Refused("busy", 0)
+    await support.async_wait_until(lambda: _free_is(redis, {"a": 1}), 5, "grace to end")
+    assert await redis.exists(keys.session(held.session_id)) == 0
+
+
+async def test_waiters_are_served_first_come_first_served(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=1)
+    s = store(redis, redis_server.url)
+    holder = await s.admit(request())
+    assert isinstance(holder, admissions.Session)
+    assert await s.admit(request(), ticket="first") == admissions.Refused("busy", 0)
+    assert await s.admit(request(), ticket="second") == admissions.Refused("busy", 1)
+    await s.release(holder)
+    assert await s.admit(request(), ticket="second") == admissions.Refused("busy", 1)
+    assert await s.admit(request()) == admissions.Refused("busy", 2)  # no jumping the queue
+    assert isinstance(await s.admit(request(), ticket="first"), admissions.Session)
+    assert await redis.zrange(keys.pool_queue("default"), 0, -1) == ["second"]
+    await s.leave_queue("default", "second")
+    assert await redis.zcard(keys.pool_queue("default")) == 0
+
+
+async def test_renewal_notices_a_lapsed_pod_and_gives_it_up_after_a_while(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=2, lease_ms=200)
+    config = support.config(redis_server.url, session_lease_ms=300, pod_gone_after_ms=500)
+    s = admissions.Admissions(redis, config)
+    held = await s.admit(request())
+    assert isinstance(held, admissions.Session)
+    assert await s.renew([held]) == [True]
+    await asyncio.sleep(0.3)  # the pod's lease runs out
+    for _ in range(4):  # 4 renewals of 100 ms: not yet 500 ms without a heartbeat
+        (alive,) = await s.renew([held])
+        leasing.note_heartbeat(held, alive, config)
+    assert not alive and not held.pod_gone.is_set()
+    leasing.note_heartbeat(held, alive, config)
+    assert held.pod_gone.is_set()
+
+
+async def test_a_reservation_the_pod_never_accepted_frees_before_an_accepted_one(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """A router that dies while dialling a pod leaves its reservation for a short while;
+    a stream the pod accepted counts for the whole hold (the pod keeps it for a resume)."""
+    await support.beat(redis, "a", total=2)
+    s = store(
+        redis, redis_server.url, session_lease_ms=200, pod_connect_timeout_s=0.1, resume_grace_s=30
+    )
+    accepted = await s.admit(request())
+    dialling = await s.admit(request())
+    assert isinstance(accepted, admissions.Session) and isinstance(dialling, admissions.Session)
+    await s.attach(accepted)
+    assert await free_of(redis) == {"a": 0}
+    # the router dies here
+    await support.async_wait_until(lambda: _free_is(redis, {"a": 1}), 5, "the reservation to go")
+    now = registry.now_ms()
+    assert (await redis.zscore(keys.pod_sessions("a"), accepted.session_id) or 0) > now
+    assert (await redis.zscore(keys.pod_sessions("a"), dialling.session_id) or 0) <= now

@@ -1,0 +1,241 @@
+"""Bad input against a real router process: each gets a clear error, nothing else is touched.
+
+One router process and one Redis serve the whole module; each test uses its own pool.
+Pods here are heartbeats only: these refusals all happen before any pod is dialled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import websockets
+
+from asrpool.common import auth, protocol
+from asrpool.router import keys, tokens
+from tests.router import support
+from tests.support.redis_servers import RedisServer
+
+KEYS = {"good": "k-good-secret", "limited": "k-limited-secret"}
+
+
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def router(
+    module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[support.RouterProcess]:
+    workdir = tmp_path_factory.mktemp("router")
+    key_file = workdir / "keys.json"
+    key_file.write_text(
+        json.dumps(
+            {
+                "keys": [
+                    {"id": "good", "sha256": auth.hash_key(KEYS["good"])},
+                    {"id": "limited", "sha256": auth.hash_key(KEYS["limited"]), "max_streams": 1},
+                ]
+            }
+        )
+    )
+    proc = support.RouterProcess(module_redis.url, workdir, "--api-keys-file", str(key_file))
+    proc.start()
+    yield proc
+    proc.terminate()
+
+
+@pytest.fixture
+async def redis(module_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(module_redis.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+def with_key(name: str = "good") -> dict[str, str]:
+    return {protocol.API_KEY_HEADER: KEYS[name]}
+
+
+async def refusal(url: str, headers: dict[str, str]) -> tuple[dict[str, object], int | None]:
+    """The Error a refused stream gets, and the close code after it."""
+    opened = await support.connect(url, headers)
+    error = await support.first_message(opened.ws)
+    rest = await support.until_closed(opened.ws)
+    assert rest == []
+    assert opened.ws.close_code is not None
+    return error, opened.ws.close_code
+
+
+async def test_missing_key_is_401_before_the_upgrade(router: support.RouterProcess) -> None:
+    with pytest.raises(websockets.InvalidStatus) as caught:
+        await support.connect(router.ws_url)
+    assert caught.value.response.status_code == 401
+
+
+async def test_bad_key_is_401_before_the_upgrade(router: support.RouterProcess) -> None:
+    with pytest.raises(websockets.InvalidStatus) as caught:
+        await support.connect(router.ws_url, {protocol.API_KEY_HEADER: "wrong"})
+    assert caught.value.response.status_code == 401
+    with pytest.raises(websockets.InvalidStatus):
+        await support.connect(router.ws_url + "?auth_id=wrong")
+
+
+async def test_key_in_the_query_is_accepted(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    await support.beat(redis, "q-full", total=1, free=0, pool="query-pool")
+    error, _ = await refusal(router.ws_url + f"?pool=query-pool&auth_id={KEYS['good']}", {})
+    assert error["code"] == "busy"
+
+
+async def test_unknown_pool(router: support.RouterProcess) -> None:
+    error, close = await refusal(router.ws_url + "?pool=no-such-pool", with_key())
+    assert error == {
+        "type": "Error",
+        "message": "unknown pool 'no-such-pool'",
+        "code": "unknown_pool",
+    }
+    assert close == 1008
+
+
+async def test_malformed_pool_name(router: support.RouterProcess) -> None:
+    error, _ = await refusal(
+        router.url.replace("http", "ws") + "/pools/BAD:name/api/asr-streaming", with_key()
+    )
+    assert error["code"] == "unknown_pool"
+
+
+async def test_no_free_slot_is_the_busy_error(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    await support.beat(redis, "full", total=2, free=0, pool="full-pool")
+    await support.beat(redis, "draining", total=2, pool="full-pool", draining=True)
+    error, close = await refusal(
+        router.url.replace("http", "ws") + "/pools/full-pool/api/asr-streaming", with_key()
+    )
+    assert error == {"type": "Error", "message": protocol.BUSY_MESSAGE, "code": "busy"}
+    assert close == 1013
+
+
+async def test_key_over_its_stream_limit(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    await support.beat(redis, "roomy", total=8, pool="limit-pool")
+    # the key already holds one stream through some router
+    await redis.zadd(keys.key_sessions("limited"), {"other-session": 10**13})
+    try:
+        error, close = await refusal(router.ws_url + "?pool=limit-pool", with_key("limited"))
+    finally:
+        await redis.delete(keys.key_sessions("limited"))
+    assert error["code"] == "key_limit" and "'limited'" in str(error["message"])
+    assert close == 1008
+    assert await redis.zcard(keys.pod_sessions("roomy")) == 0  # nothing reserved
+
+
+async def test_forged_resume_token(router: support.RouterProcess) -> None:
+    for forged in ("garbage", tokens.mint(tokens.new_session_id()).text):
+        error, close = await refusal(
+            router.ws_url, {**with_key(), protocol.RESUME_TOKEN_HEADER: forged}
+        )
+        assert error == {
+            "type": "Error",
+            "message": "unknown or expired resume token",
+            "code": "bad_resume_token",
+        }
+        assert close == 1008
+
+
+async def test_garbage_before_the_upgrade(router: support.RouterProcess) -> None:
+    reply = await asyncio.to_thread(_send_raw, router.port, b"\x16\x03\x01garbage\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400")
+    reply = await asyncio.to_thread(
+        _send_raw, router.port, b"GET /api/asr-streaming HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    assert reply.split(b" ")[1] in (b"400", b"404", b"426")
+    assert support.http_get(router.url + "/healthz")[0] == 200
+
+
+def _send_raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(4096):
+            chunks.append(chunk)
+            if b"\r\n\r\n" in b"".join(chunks):
+                break
+        return b"".join(chunks)
+
+
+async def test_pools_view_and_metrics(router: support.RouterProcess, redis: aioredis.Redis) -> None:
+    await support.beat(redis, "viewed", total=4, free=3, pool="view-pool")
+    status, body = support.http_get(router.url + "/api/pools")
+    assert status == 200
+    pool = json.loads(body)["pools"]["view-pool"]
+    assert pool["total_slots"] == 4 and pool["free_slots"] == 3
+    assert pool["pods"][0]["pod_id"] == "viewed"
+    status, body = support.http_get(router.url + "/metrics")
+    assert status == 200
+    for name in (
+        "asrpool_router_sessions_open",
+        "asrpool_router_rejections_total",
+        "asrpool_router_admission_seconds",
+        "asrpool_router_forward_seconds",
+    ):
+        assert name.encode() in body
+    assert support.http_get(router.url + "/readyz")[0] == 200
+
+
+def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from asrpool import cli
+    from asrpool.router import cli as router_cli
+
+    monkeypatch.setenv("ASRPOOL_POLICY", "spread")
+    monkeypatch.setenv("ASRPOOL_QUEUE_TIMEOUT", "2.5")
+    args = cli.build_parser().parse_args(["route", "--policy", "pack", "--port", "9999"])
+    config = router_cli.settings_from(args)
+    assert (config.policy, config.queue_timeout, config.port) == ("pack", 2.5, 9999)
+    assert cli.main(["route", "--api-keys-file", str(tmp_path / "missing")]) == 2
+
+
+async def test_expired_resume_token(router: support.RouterProcess, redis: aioredis.Redis) -> None:
+    """A token whose session record has run out its grace is refused like a forged one."""
+    token = tokens.mint(tokens.new_session_id())
+    record = keys.session(token.session_id)
+    await redis.hset(
+        record,
+        mapping={
+            "token_sha": token.sha256,
+            "pod": "p",
+            "address": "127.0.0.1:1",
+            "key_id": "good",
+            "pod_resume_token": "t",
+            "pool": "default",
+            "started_ms": "0",
+        },
+    )
+    await redis.pexpire(record, 100)
+    await support.async_wait_until(lambda: _gone(redis, record), 5, "the record to expire")
+    error, close = await refusal(
+        router.ws_url, {**with_key(), protocol.RESUME_TOKEN_HEADER: token.text}
+    )
+    assert (error["code"], close) == ("bad_resume_token", 1008)
+
+
+async def _gone(redis: aioredis.Redis, key: str) -> bool:
+    return await redis.exists(key) == 0
+
+
+def test_the_live_page_is_served(router: support.RouterProcess) -> None:
+    status, body = support.http_get(router.url + "/")
+    assert status == 200 and b"<html" in body.lower()
+    assert support.http_get(router.url + "/static/live.js")[0] == 200
+    assert support.http_get(router.url + "/static/nothing-here.js")[0] == 404

@@ -1,0 +1,403 @@
+"""The router with real server pods (``asrpool serve --model tiny``), real router
+processes and a real Redis: admission under a crowd, pod and router failures, Redis
+loss, draining, placement, queueing and oversized frames."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+
+from asrpool.common import protocol
+from tests.router import support
+from tests.support import kyutai_client, servers, streams
+from tests.support.redis_servers import RedisServer
+
+
+@contextlib.contextmanager
+def running(*procs: Any) -> Iterator[None]:
+    """Start pods and routers (pods first, all at once), stop them all at the end."""
+    pods = [p for p in procs if isinstance(p, servers.ServerProcess)]
+    routers = [p for p in procs if isinstance(p, support.RouterProcess)]
+    try:
+        for p in pods:
+            p.start()
+        for p in pods:
+            p.wait_ready()
+        for r in routers:
+            r.start()
+        yield
+    finally:
+        for r in routers:
+            r.kill()
+        for p in pods:
+            if p.poll() is None:
+                p.signal(signal.SIGKILL)
+                p.wait(10)
+
+
+def pools(router: support.RouterProcess) -> dict[str, Any]:
+    status, body = support.http_get(router.url + "/api/pools")
+    assert status == 200, body
+    return dict(json.loads(body)["pools"])
+
+
+def pod_view(router: support.RouterProcess, pool: str = "default") -> dict[str, dict[str, Any]]:
+    return {p["pod_id"]: p for p in pools(router).get(pool, {"pods": []})["pods"]}
+
+
+def wait_for_pods(router: support.RouterProcess, count: int, pool: str = "default") -> None:
+    support.wait_until(lambda: len(pod_view(router, pool)) == count, 20, f"{count} pods")
+
+
+def settled(router: support.RouterProcess) -> bool:
+    """Every pod's heartbeat agrees with the routers' sessions (nothing double counted)."""
+    view = pod_view(router).values()
+    return all(p["free_slots"] == p["total_slots"] - p["router_sessions"] for p in view) and all(
+        p["reported_free_slots"] == p["free_slots"] for p in view
+    )
+
+
+def audio(seed: int, seconds: float = 2.0) -> np.ndarray:
+    return streams.random_speechlike(seconds, seed)
+
+
+async def test_forty_clients_four_routers_three_pods(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Exactly 12 admitted, no pod over its 4 slots (no pod ever refused a stream the
+    router sent it), the rest refused with busy; every admitted stream gets the words
+    it gets alone."""
+    pods = [support.pod(redis_server.url, tmp_path, f"pod-{i}", slots=4) for i in range(3)]
+    routers = [support.router(redis_server.url, tmp_path) for _ in range(4)]
+    with running(*pods, *routers):
+        wait_for_pods(routers[0], 3)
+        alone = {
+            seed: await support.transcribe(routers[0].ws_url, audio(seed)) for seed in range(3)
+        }
+        support.wait_until(lambda: settled(routers[0]), 20, "slots to settle")
+        answered = 0
+        everyone_answered = asyncio.Event()
+
+        async def client(i: int) -> tuple[str, list[dict[str, Any]]]:
+            nonlocal answered
+            opened = await support.connect(routers[i % 4].ws_url)
+            first = await support.first_message(opened.ws)
+            answered += 1
+            if answered == 40:
+                everyone_answered.set()
+            if first["type"] == "Error":
+                assert first["code"] == "busy"
+                await support.until_closed(opened.ws)
+                return "busy", []
+            assert first["type"] == "Ready"
+            await everyone_answered.wait()  # hold the slot until every client was answered
+            try:
+                return "ok", await support.finish_stream(opened.ws, audio(i % 3))
+            finally:
+                await opened.ws.close()
+
+        async def sample_use() -> list[int]:
+            await everyone_answered.wait()
+            return [p.modules_info()["used_slots"] for p in pods]
+
+        results, use = await asyncio.gather(
+            asyncio.gather(*(client(i) for i in range(40))), sample_use()
+        )
+        outcomes = collections.Counter(kind for kind, _ in results)
+        assert outcomes == {"ok": 12, "busy": 28}
+        assert use == [4, 4, 4]
+        for i, (kind, messages) in enumerate(results):
+            if kind == "ok":
+                assert kyutai_client.words(messages) == kyutai_client.words(alone[i % 3])
+        for p in pods:
+            assert p.metric('asr_errors_total{code="busy"}') is None  # the router never over-sent
+
+
+async def test_pod_killed_mid_stream(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Clients of a SIGKILLed pod get a pod_lost Error and a close; the others carry on;
+    new clients land on the remaining pod."""
+    a = support.pod(redis_server.url, tmp_path, "a-pod", slots=2)
+    b = support.pod(redis_server.url, tmp_path, "b-pod", slots=2)
+    router = support.router(redis_server.url, tmp_path, "--policy", "pack")
+    with running(a, b, router):
+        wait_for_pods(router, 2)
+        doomed = [await support.connect(router.ws_url) for _ in range(2)]  # pack: both on a-pod
+        for c in doomed:
+            assert (await support.first_message(c.ws))["type"] == "Ready"
+        survivor = await support.connect(router.ws_url)
+        assert (await support.first_message(survivor.ws))["type"] == "Ready"
+        assert a.modules_info()["used_slots"] == 2 and b.modules_info()["used_slots"] == 1
+        surviving = asyncio.create_task(support.finish_stream(survivor.ws, audio(1), realtime=4.0))
+        a.signal(signal.SIGKILL)
+        for c in doomed:
+            told = await support.until_closed(c.ws, timeout=15)
+            assert told[-1]["type"] == "Error" and told[-1]["code"] == "pod_lost"
+            assert c.ws.close_code == 1011
+        assert kyutai_client.words(await surviving) != []
+        await survivor.ws.close()
+        newcomer = await support.transcribe(router.ws_url, audio(2))
+        assert support.is_marker(newcomer[-1])
+        assert list(pod_view(router)) == ["b-pod"] or "a-pod" in pod_view(
+            router
+        )  # lease may linger
+
+
+async def test_router_killed_mid_stream_resumes_through_another(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A client of a SIGKILLed router reconnects to another router with its resume token,
+    lands on the same pod and slot, and its transcript is the one it gets alone."""
+    pod = support.pod(redis_server.url, tmp_path, "only", slots=2)
+    first, second = (support.router(redis_server.url, tmp_path) for _ in range(2))
+    with running(pod, first, second):
+        wait_for_pods(first, 1)
+        pcm = audio(7, seconds=3.0)
+        alone = await support.transcribe(first.ws_url, pcm)
+        messages = support.messages(pcm)
+        half = len(messages) // 2
+        opened = await support.connect(first.ws_url)
+        assert opened.resume_token
+        got = [await support.first_message(opened.ws)]
+        await kyutai_client.send_paced(opened.ws, messages[:half])
+        got += await _quiet(opened.ws)  # let the pod work through what it has
+        first.kill()
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await opened.ws.recv()
+        again = await support.connect(
+            second.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token}
+        )
+        assert again.session_id == opened.session_id
+        offset = int(again.ws.response.headers["asrpool-resume-offset"])  # type: ignore[union-attr]
+        assert offset == sum(len(m["pcm"]) for m in messages[:half] if m["type"] == "Audio")
+        assert (await support.first_message(again.ws))["type"] == "Ready"
+        sender = asyncio.create_task(kyutai_client.send_paced(again.ws, messages[half:]))
+        got += await kyutai_client.until_marker(again.ws, 0, timeout=60)
+        await sender
+        await again.ws.close()
+        assert kyutai_client.words(got) == kyutai_client.words(alone)
+        assert pod.metric("asr_resumes_total") == 1
+
+
+async def _quiet(ws: Any, quiet_s: float = 1.5) -> list[dict[str, Any]]:
+    """Every message until none came for ``quiet_s``."""
+    out = []
+    while True:
+        try:
+            out.append(await kyutai_client.receive(ws, quiet_s))
+        except TimeoutError:
+            return out
+
+
+async def test_redis_killed_and_restarted_mid_stream(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Open streams never stop; admission fails fast with a clear Error while Redis is
+    down, and recovers by itself once the pods' heartbeats have refilled it."""
+    pod = support.pod(redis_server.url, tmp_path, "steady", slots=2)
+    router = support.router(redis_server.url, tmp_path)
+    with running(pod, router):
+        wait_for_pods(router, 1)
+        pcm = audio(3, seconds=3.0)
+        alone = await support.transcribe(router.ws_url, pcm)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        streaming = asyncio.create_task(support.finish_stream(opened.ws, pcm, realtime=2.0))
+        redis_server.kill()
+        refused = await support.connect(router.ws_url)
+        error = await support.first_message(refused.ws)
+        assert error["type"] == "Error" and error["code"] == "unavailable"
+        assert support.http_get(router.url + "/readyz")[0] == 503
+        redis_server.start()
+        assert kyutai_client.words(await streaming) == kyutai_client.words(alone)
+        await opened.ws.close()
+        support.wait_until(lambda: support.http_get(router.url + "/readyz")[0] == 200, 20, "ready")
+        await support.async_wait_until(lambda: _admitted(router.ws_url), 30, "admission to recover")
+
+
+async def _admitted(url: str) -> bool:
+    opened = await support.connect(url)
+    first = await support.first_message(opened.ws)
+    await opened.ws.close()
+    return bool(first["type"] == "Ready")
+
+
+async def test_draining_pod_gets_no_new_sessions(redis_server: RedisServer, tmp_path: Path) -> None:
+    draining = support.pod(
+        redis_server.url, tmp_path, "a-drains", 2, "default", "--drain-grace-seconds", "60"
+    )
+    other = support.pod(redis_server.url, tmp_path, "b-stays", slots=2)
+    router = support.router(redis_server.url, tmp_path, "--policy", "pack")
+    with running(draining, other, router):
+        wait_for_pods(router, 2)
+        old = await support.connect(router.ws_url)  # pack, tie: the smallest id, a-drains
+        assert (await support.first_message(old.ws))["type"] == "Ready"
+        assert draining.modules_info()["used_slots"] == 1
+        draining.signal(signal.SIGTERM)
+        support.wait_until(lambda: pod_view(router)["a-drains"]["draining"], 10, "draining beat")
+        for _ in range(2):  # pack would have put these on a-drains (it has room)
+            new = await support.connect(router.ws_url)
+            assert (await support.first_message(new.ws))["type"] == "Ready"
+            await new.ws.close()
+            assert draining.modules_info()["used_slots"] == 1
+        assert other.metric("asr_connect_total") == 2
+        finished = await support.finish_stream(old.ws, audio(4))
+        assert support.is_marker(finished[-1])
+        await old.ws.close()
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("pack", ["a", "a", "b", "b", "c", "c"]), ("spread", ["a", "b", "c", "a", "b", "c"])],
+)
+async def test_placement_policies(
+    redis_server: RedisServer, tmp_path: Path, policy: str, expected: list[str]
+) -> None:
+    pods = {name: support.pod(redis_server.url, tmp_path, name, slots=2) for name in "abc"}
+    router = support.router(redis_server.url, tmp_path, "--policy", policy)
+    with running(*pods.values(), router):
+        wait_for_pods(router, 3)
+        held, placed = [], []
+        for _ in expected:
+            before = {n: p.metric("asr_connect_total") or 0 for n, p in pods.items()}
+            opened = await support.connect(router.ws_url)
+            assert (await support.first_message(opened.ws))["type"] == "Ready"
+            held.append(opened)
+            after = {n: p.metric("asr_connect_total") or 0 for n, p in pods.items()}
+            placed += [n for n in pods if after[n] > before[n]]
+            support.wait_until(lambda: settled(router), 20, "heartbeats to report the stream")
+        assert placed == expected
+        for opened in held:
+            await opened.ws.close()
+
+
+async def test_bounded_queue_wait_then_admission(redis_server: RedisServer, tmp_path: Path) -> None:
+    pod = support.pod(redis_server.url, tmp_path, "single", slots=1)
+    router = support.router(redis_server.url, tmp_path, "--queue-timeout", "20")
+    with running(pod, router):
+        wait_for_pods(router, 1)
+        holder = await support.connect(router.ws_url)
+        assert (await support.first_message(holder.ws))["type"] == "Ready"
+        waiter = asyncio.create_task(support.connect(router.ws_url))
+        await support.async_wait_until(lambda: _waiting(router), 10, "a waiter in the queue")
+        assert not waiter.done()
+        await holder.ws.close()
+        opened = await waiter
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        await opened.ws.close()
+
+
+async def _waiting(router: support.RouterProcess) -> bool:
+    return bool(pools(router)["default"]["waiting"] == 1)
+
+
+async def test_oversized_frame_and_pod_token(redis_server: RedisServer, tmp_path: Path) -> None:
+    """An oversized frame ends that stream with too_large and nothing else; a client that
+    bypasses the router (no pod token) is refused by the pod."""
+    pod = support.pod(redis_server.url, tmp_path, "guarded", slots=2)
+    router = support.router(redis_server.url, tmp_path)
+    with running(pod, router):
+        wait_for_pods(router, 1)
+        with pytest.raises(websockets.InvalidStatus) as caught:
+            await support.connect(pod.ws_url)
+        assert caught.value.response.status_code == 401
+        bystander = await support.connect(router.ws_url)
+        assert (await support.first_message(bystander.ws))["type"] == "Ready"
+        big = await support.connect(router.ws_url)
+        assert (await support.first_message(big.ws))["type"] == "Ready"
+        await big.ws.send(b"\x00" * (protocol.DEFAULT_MAX_MESSAGE_BYTES + 1))
+        told = await support.until_closed(big.ws)
+        assert told[-1]["code"] == "too_large" and big.ws.close_code == 1009
+        finished = await support.finish_stream(bystander.ws, audio(5))
+        assert support.is_marker(finished[-1])
+        await bystander.ws.close()
+
+
+async def test_a_hung_pod_is_given_up_when_its_heartbeat_lapses(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A pod that stops (no FIN, no heartbeat) ends its streams with pod_lost."""
+    pod = support.pod(redis_server.url, tmp_path, "hangs", slots=2)
+    router = support.router(redis_server.url, tmp_path)
+    with running(pod, router):
+        wait_for_pods(router, 1)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        pod.signal(signal.SIGSTOP)
+        try:
+            told = await support.until_closed(opened.ws, timeout=30)
+        finally:
+            pod.signal(signal.SIGCONT)
+        assert told[-1]["code"] == "pod_lost" and opened.ws.close_code == 1011
+
+
+async def test_a_router_shutting_down_leaves_its_streams_resumable(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    pod = support.pod(redis_server.url, tmp_path, "stays", slots=2)
+    first, second = (support.router(redis_server.url, tmp_path) for _ in range(2))
+    with running(pod, first, second):
+        wait_for_pods(first, 1)
+        opened = await support.connect(first.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        assert first.terminate() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+        await support.until_closed(opened.ws)
+        assert opened.ws.close_code == 1012
+        again = await support.connect(
+            second.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token}
+        )
+        assert (await support.first_message(again.ws))["type"] == "Ready"
+        finished = await support.finish_stream(again.ws, audio(6))
+        assert support.is_marker(finished[-1])
+        await again.ws.close()
+        assert pod.metric("asr_resumes_total") == 1
+
+
+async def test_backpressure_bounds_what_the_router_holds(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """With the pod not reading (stopped), a client blasting audio is held back: its
+    sends stop completing after a bounded amount (socket buffers), and the router's
+    memory does not grow with what the client tries to send."""
+    pod = support.pod(
+        redis_server.url, tmp_path, "stalls", 1, "default", "--max-buffer-seconds", "1"
+    )
+    router = support.router(redis_server.url, tmp_path)
+    with running(pod, router):
+        wait_for_pods(router, 1)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        second = kyutai_client.audio(np.zeros(kyutai_client.SAMPLE_RATE, dtype=np.float32))
+        rss_before = _rss(router)
+        pod.signal(signal.SIGSTOP)
+        sent = 0
+        try:
+            while sent < 256 << 20:
+                try:
+                    await asyncio.wait_for(opened.ws.send(second), 2.0)
+                except TimeoutError:
+                    break
+                sent += len(second)
+            rss_after = _rss(router)
+        finally:
+            pod.signal(signal.SIGCONT)
+        assert sent < 64 << 20, f"{sent} bytes went somewhere"
+        assert rss_after - rss_before < 32 << 20
+        opened.ws.transport.abort()
+
+
+def _rss(router: support.RouterProcess) -> int:
+    assert router.proc is not None
+    for line in Path(f"/proc/{router.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
