@@ -18,6 +18,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--context": ("context", int, "rolling KV cache length in steps (default: the model's)"),
     "--device": ("device", str, "torch device (cpu, cuda, cuda:1)"),
     "--dtype": ("dtype", str, "float32 | bfloat16 | float16"),
+    "--torch-threads": ("torch_threads", int, "CPU threads for torch (default: torch's)"),
     "--host": ("host", str, "address to listen on (default 0.0.0.0)"),
     "--port": ("port", int, "port to listen on (default 8080)"),
     "--redis-url": ("redis_url", str, "heartbeat into this Redis (slot registry)"),
@@ -54,11 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     from asrpool.common import auth
     from asrpool.server import app as app_mod
-    from asrpool.server import draining, settings
+    from asrpool.server import draining
 
-    flags = {field: getattr(args, field) for field, _, _ in _FLAGS.values()}
     try:
-        config = settings.ServerSettings(**{k: v for k, v in flags.items() if v is not None})
+        config = settings_from(args)
         deps = app_mod.build_deps(config)
     except (pydantic.ValidationError, auth.KeyFileError) as exc:
         raise SystemExit(f"asrpool serve: {exc}") from exc
@@ -68,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level,
         ws="websockets-sansio", ws_max_size=4 * config.max_message_bytes,
-        ws_ping_interval=config.ping_interval_seconds,
-        ws_ping_timeout=config.idle_timeout_seconds, timeout_graceful_shutdown=5,
+        # Pings keep idle connections open through proxies; no ping timeout, because a
+        # pod applying backpressure stops reading (pongs too). Silent clients are
+        # dropped by the stream's own idle timeout instead.
+        ws_ping_interval=config.ping_interval_seconds, ws_ping_timeout=None,
+        timeout_graceful_shutdown=5,
         lifespan="on")
     server = draining.DrainingServer(uv_config, app.state.pod)
     server.run()
@@ -77,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
     if failure is not None:
         raise SystemExit(f"asrpool serve: {failure}")
     return 0
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    """ServerSettings from the environment, with the flags given on top."""
+    from asrpool.server import settings
+
+    flags = {field: getattr(args, field) for field, _, _ in _FLAGS.values()}
+    return settings.ServerSettings(**{k: v for k, v in flags.items() if v is not None})
 
 
 def main(argv: list[str] | None = None) -> int:

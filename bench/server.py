@@ -1,0 +1,264 @@
+"""Server benchmark: N concurrent real-time clients against a real ``asrpool serve``.
+
+Starts one server process (``--model``, ``--batch-size``), then for each N in
+``--clients`` runs N clients that send 80 ms frames at real time for ``--seconds``.
+Per frame, latency is the time from sending it to receiving the ``Step`` message of
+the step that consumed it: queueing plus the step itself, beyond the model's own
+``asr_delay_in_tokens`` (which is the same for every deployment). Also recorded: the
+server's step duration and step lag (from its ``/metrics``), its RSS over time (from
+/proc), and the largest N whose p99 latency stayed under ``--max-p99``. Writes JSON to
+``bench/results/``.
+
+    asrpool bench server --model small --batch-size 8 --clients 1,2,4,8 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+from websockets.asyncio import client as ws_client
+
+SAMPLE_RATE = 24_000
+FRAME = 1920
+FRAME_SECONDS = FRAME / SAMPLE_RATE
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="asrpool bench server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--clients", default="1,2,4,8", help="comma-separated client counts")
+    parser.add_argument("--seconds", type=float, default=20.0, help="audio per client")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--max-p99", type=float, default=0.5,
+                        help="p99 latency (s) under which N counts as real time")
+    parser.add_argument("--out", default="bench/results")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    counts = [int(n) for n in args.clients.split(",")]
+    server = _Server(args)
+    rss = _RssSampler(server.pid)
+    try:
+        ready_s = server.wait_ready()
+        rss.start()
+        rows = [asyncio.run(_run_round(server, n, args)) for n in counts]
+    finally:
+        rss.stop()
+        server.stop()
+    result = _result(args, rows, rss.samples, ready_s)
+    path = Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    _print_summary(result, path)
+    return 0
+
+
+def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
+            rss: list[tuple[float, int]], ready_s: float) -> dict[str, Any]:
+    realtime = [r["clients"] for r in rows
+                if r["p99_latency_s"] is not None and r["p99_latency_s"] <= args.max_p99
+                and r["clients"] <= args.batch_size]
+    return {
+        "benchmark": "server", "model": args.model, "device": args.device,
+        "batch_size": args.batch_size, "seconds_per_client": args.seconds,
+        "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+        "machine": platform.processor() or platform.machine(),
+        "startup_to_ready_s": ready_s, "max_p99_for_realtime_s": args.max_p99,
+        "largest_realtime_clients": max(realtime, default=0), "rounds": rows,
+        "rss_mib_over_time": [(round(t, 2), round(b / 2**20, 1)) for t, b in rss],
+    }
+
+
+async def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[str, Any]:
+    before = server.metrics()
+    started = time.monotonic()
+    results = await asyncio.gather(*(
+        _client(server.ws_url, args.seconds, seed) for seed in range(clients)))
+    wall = time.monotonic() - started
+    after = server.metrics()
+    latencies = sorted(lat for r in results for lat in r["latencies"])
+    return {
+        "clients": clients,
+        "refused": sum(r["refused"] for r in results),
+        "frames": len(latencies),
+        "p50_latency_s": _quantile(latencies, 0.5),
+        "p99_latency_s": _quantile(latencies, 0.99),
+        "max_latency_s": latencies[-1] if latencies else None,
+        "wall_s": wall,
+        "mean_step_s": _mean_delta(before, after, "asr_model_step_duration"),
+        "mean_step_lag_s": _mean_delta(before, after, "asr_step_lag_seconds"),
+        "step_lag_p99_s": _histogram_quantile(before, after, "asr_step_lag_seconds", 0.99),
+    }
+
+
+async def _client(url: str, seconds: float, seed: int) -> dict[str, Any]:
+    """Send real-time frames; time each frame until the Step that consumed it."""
+    frames = _audio(seconds, seed)
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    async with ws_client.connect(url, max_size=None, ping_timeout=None) as ws:
+        first = msgpack.unpackb(await ws.recv())
+        if first["type"] != "Ready":
+            return {"refused": 1, "latencies": []}
+        sender = asyncio.create_task(_send_frames(ws, frames, sent))
+        try:
+            while len(latencies) < len(frames):
+                message = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 30))
+                if message["type"] == "Step" and message["step_idx"] in sent:
+                    latencies.append(time.monotonic() - sent[message["step_idx"]])
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+    return {"refused": 0, "latencies": latencies}
+
+
+async def _send_frames(ws: ws_client.ClientConnection, frames: list[bytes],
+                       sent: dict[int, float]) -> None:
+    start = time.monotonic()
+    for index, frame in enumerate(frames):
+        delay = start + index * FRAME_SECONDS - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[index + 1] = time.monotonic()  # Step.step_idx counts frames from 1
+        await ws.send(frame)
+
+
+def _audio(seconds: float, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    pcm = (0.2 * rng.standard_normal(int(seconds * SAMPLE_RATE))).astype(np.float32)
+    return [msgpack.packb({"type": "Audio", "pcm": pcm[i:i + FRAME].tolist()},
+                          use_single_float=True) for i in range(0, len(pcm) - FRAME + 1, FRAME)]
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _mean_delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    count = after.get(f"{name}_count", 0) - before.get(f"{name}_count", 0)
+    total = after.get(f"{name}_sum", 0) - before.get(f"{name}_sum", 0)
+    return total / count if count else None
+
+
+def _histogram_quantile(before: dict[str, float], after: dict[str, float], name: str,
+                        q: float) -> float | None:
+    """The upper bound of the bucket holding the q-quantile of this round's samples
+    (None when it is past the last finite bucket)."""
+    prefix = f'{name}_bucket{{le="'
+    bounds = sorted((float(k[len(prefix):-2]), after[k] - before.get(k, 0))
+                    for k in after if k.startswith(prefix))
+    total = bounds[-1][1] if bounds else 0
+    for bound, cumulative in bounds:
+        if total and cumulative >= q * total:
+            return bound if bound != float("inf") else None
+    return None
+
+
+class _Server:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.port = _free_port()
+        command = [sys.executable, "-m", "asrpool.cli", "serve", "--model", args.model,
+                   "--batch-size", str(args.batch_size), "--device", args.device,
+                   "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        if args.torch_threads:
+            command += ["--torch-threads", str(args.torch_threads)]
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command)
+        self.pid = self.process.pid
+        self.ws_url = f"ws://127.0.0.1:{self.port}/api/asr-streaming"
+
+    def wait_ready(self, timeout: float = 600) -> float:
+        while time.monotonic() - self.started < timeout:
+            if self.process.poll() is not None:
+                raise SystemExit(f"asrpool serve exited with {self.process.returncode}")
+            url = f"http://127.0.0.1:{self.port}/readyz"
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+                return time.monotonic() - self.started
+            time.sleep(0.2)
+        raise SystemExit("asrpool serve did not become ready")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(40)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class _RssSampler:
+    """The server's resident memory every half second, from /proc (Linux)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._start = time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(OSError, StopIteration):
+                status = Path(f"/proc/{self.pid}/status").read_text().splitlines()
+                line = next(s for s in status if s.startswith("VmRSS:"))
+                self.samples.append((time.monotonic() - self._start, int(line.split()[1]) * 1024))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _print_summary(result: dict[str, Any], path: Path) -> None:
+    print(f"server bench: {result['model']} b{result['batch_size']} -> {path}")
+    for row in result["rounds"]:
+        p50, p99 = row["p50_latency_s"], row["p99_latency_s"]
+        print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
+              f"step={_ms(row['mean_step_s'])}  lag p99<={_ms(row['step_lag_p99_s'])}  "
+              f"refused={row['refused']}")
+    rss = [mib for _, mib in result["rss_mib_over_time"]]
+    if rss:
+        print(f"  RSS MiB: min {min(rss)}  max {max(rss)}  median {statistics.median(rss)}")
+    print(f"  largest N in real time (p99 <= {result['max_p99_for_realtime_s']} s): "
+          f"{result['largest_realtime_clients']}")
+
+
+def _ms(value: float | None) -> str:
+    return "   -   " if value is None else f"{value * 1000:6.1f}ms"

@@ -1,0 +1,79 @@
+"""The server pod's ASGI app: ``create_app(settings, deps)``, routes of one line each."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import fastapi
+from fastapi import responses
+
+from asrpool.common import auth, protocol
+from asrpool.server import heartbeat, pods, settings, streaming
+from asrpool.server import metrics as metrics_mod
+
+if TYPE_CHECKING:
+    from asrpool.server import engine
+
+
+def build_deps(config: settings.ServerSettings) -> pods.Deps:
+    """The real dependencies: the model named in the settings, Redis, the key file."""
+    return pods.Deps(
+        engine_factory=lambda: _build_engine(config),
+        redis=heartbeat.connect(config.redis_url) if config.redis_url else None,
+        keys=auth.load_keys(config.api_keys_file) if config.api_keys_file else None,
+    )
+
+
+def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:
+    import torch
+
+    from asrpool.server import engine, models  # torch is imported only when the pod starts
+
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    model = models.load_model(config.model, config.device, getattr(torch, config.dtype),
+                              config.context)
+    return engine.BatchedEngine(model, config.batch_size)
+
+
+def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.FastAPI:
+    pod = pods.Pod(config, deps)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: fastapi.FastAPI) -> AsyncIterator[None]:
+        await pod.start()
+        try:
+            yield
+        finally:
+            await pod.shutdown()
+
+    app = fastapi.FastAPI(title="asrpool server pod", lifespan=lifespan)
+    app.state.pod = pod
+
+    @app.websocket(protocol.STREAMING_PATH)
+    async def asr_streaming(websocket: fastapi.WebSocket) -> None:
+        await streaming.serve(websocket, pod)
+
+    @app.get("/healthz")
+    def healthz() -> responses.Response:
+        return _status(pod.state is not pods.State.FAILED, pod.state.value)
+
+    @app.get("/readyz")
+    def readyz() -> responses.Response:
+        return _status(pod.ready, pod.state.value)
+
+    @app.get("/metrics")
+    def metrics() -> responses.Response:
+        return responses.Response(pod.metrics.exposition(), media_type=metrics_mod.CONTENT_TYPE)
+
+    @app.get("/api/modules_info")
+    def modules_info() -> dict[str, object]:
+        return pod.modules_info()
+
+    return app
+
+
+def _status(ok: bool, state: str) -> responses.Response:
+    return responses.JSONResponse({"state": state}, status_code=200 if ok else 503)

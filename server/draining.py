@@ -1,0 +1,94 @@
+"""SIGTERM: drain the pod, then let uvicorn exit 0.
+
+The first SIGTERM (or SIGINT) marks the pod draining at once (readiness and the Redis
+heartbeat), new streams get ``Error{code:"draining"}``, open streams may finish for
+``drain_grace_seconds``; the rest then get ``Error{"server shutting down"}`` and a
+close, and only then does uvicorn stop listening and shut down. A second signal cuts
+the wait short. Unlike plain uvicorn, the signal is not re-raised after the shutdown,
+so a drained pod exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from asrpool.server import pods, sessions
+
+logger = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.1
+_CLOSE_SECONDS = 3.0
+
+
+async def drain(pod: pods.Pod, grace: float) -> None:
+    """Wait for attached streams up to ``grace`` seconds, then end the rest.
+
+    Streams held for a resume may come back meanwhile, but are not waited for.
+    """
+    deadline = time.monotonic() + grace
+    while pod.sessions.attached and time.monotonic() < deadline:
+        await asyncio.sleep(_POLL_SECONDS)
+    leftover = pod.sessions.streams()
+    if leftover:
+        logger.info("drain grace over: closing %d streams", len(leftover))
+    shutting_down = sessions.Outcome.failure("server shutting down", "draining", 1012)
+    for stream in leftover:
+        if stream.attached:
+            stream.end_connection(shutting_down)
+        else:
+            pod.sessions.close(stream)
+    close_by = time.monotonic() + _CLOSE_SECONDS
+    while pod.sessions.used and time.monotonic() < close_by:
+        await asyncio.sleep(_POLL_SECONDS)
+    logger.info("drained")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain between the signal and the shutdown."""
+
+    def __init__(self, config: uvicorn.Config, pod: pods.Pod) -> None:
+        super().__init__(config)
+        self.pod = pod
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+        self._signalled = False
+
+    async def serve(self, sockets: list[Any] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._signalled or self._loop is None:
+            self.should_exit = True
+            if sig == signal.SIGINT and self._signalled:
+                self.force_exit = True
+            return
+        self._signalled = True
+        logger.info("received %s: draining", signal.Signals(sig).name)
+        self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        if self.pod.begin_drain():
+            self._drain = asyncio.create_task(
+                drain(self.pod, self.pod.settings.drain_grace_seconds))
+            self._drain.add_done_callback(lambda _: self.pod.stopped.set())
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.pod.stopped.is_set():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+        await super().shutdown(sockets)

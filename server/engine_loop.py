@@ -1,0 +1,117 @@
+"""The engine thread: the one owner of the model and its :class:`BatchedEngine`.
+
+It loads the model, warms it up, then loops: take a :class:`slots.Batch` (resets,
+markers, at most one frame per slot), run it, and hand the events back to the event
+loop with ``loop.call_soon_threadsafe``. It steps as soon as any slot has a full frame:
+no pacing, so a fast client is served as fast as the model allows and a real-time
+client's frame waits at most one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from asrpool.server import slots
+
+if TYPE_CHECKING:
+    from asrpool.server import engine as engine_mod
+    from asrpool.server import events
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[], "engine_mod.BatchedEngine"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+    """One batch's results, delivered on the event loop."""
+
+    generations: dict[int, int]
+    events: dict[int, list[events.Event]]
+    buffered: dict[int, int]
+    lags: dict[int, float]  # slot -> seconds from its frame's arrival to its output
+    duration: float  # seconds spent in the model step (0 when no step ran)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    model_id: str
+    state_nbytes: int
+
+
+class EngineLoop:
+    """Runs the engine in its own thread; callbacks run on ``loop``."""
+
+    def __init__(self, factory: EngineFactory, buffers: slots.SlotBuffers,
+                 loop: asyncio.AbstractEventLoop, on_output: Callable[[StepOutput], None],
+                 on_ready: Callable[[Ready], None], on_failure: Callable[[BaseException], None],
+                 warmup_steps: int = 2) -> None:
+        self._factory = factory
+        self._buffers = buffers
+        self._loop = loop
+        self._on_output = on_output
+        self._on_ready = on_ready
+        self._on_failure = on_failure
+        self._warmup_steps = warmup_steps
+        self._thread = threading.Thread(target=self._run, name="asrpool-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._buffers.close()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            engine = self._factory()
+        except BaseException as exc:  # report every failure to load: the pod must exit
+            self._loop.call_soon_threadsafe(self._on_failure, exc)
+            return
+        try:
+            self._warm_up(engine)
+            self._loop.call_soon_threadsafe(
+                self._on_ready, Ready(engine.model.model_id, engine.state_nbytes()))
+            self._serve(engine)
+        except BaseException as exc:  # a dead engine must not leave a live-looking pod
+            logger.exception("engine thread failed")
+            self._loop.call_soon_threadsafe(self._on_failure, exc)
+        finally:
+            engine.close()
+
+    def _warm_up(self, engine: engine_mod.BatchedEngine) -> None:
+        """The first steps pay for compilation and allocation; pay before taking clients."""
+        started = time.monotonic()
+        silence = np.zeros(slots.FRAME_SIZE, dtype=np.float32)
+        for _ in range(self._warmup_steps):
+            engine.step(dict.fromkeys(range(engine.batch_size), silence))
+        for slot in range(engine.batch_size):
+            engine.reset_slot(slot)
+        logger.info("engine warmed up in %.1f s", time.monotonic() - started)
+
+    def _serve(self, engine: engine_mod.BatchedEngine) -> None:
+        while (batch := self._buffers.take()) is not None:
+            output = run_batch(engine, batch)
+            self._loop.call_soon_threadsafe(self._on_output, output)
+
+
+def run_batch(engine: engine_mod.BatchedEngine, batch: slots.Batch) -> StepOutput:
+    for slot in batch.resets:
+        engine.reset_slot(slot)
+    for slot, marker_id, frames_pending in batch.markers:
+        engine.add_marker(slot, marker_id, frames_pending)
+    if not batch.frames:
+        return StepOutput(batch.generations, {}, batch.buffered, {}, 0.0)
+    started = time.monotonic()
+    result = engine.step(batch.frames)
+    done = time.monotonic()
+    lags = {slot: done - arrival for slot, arrival in batch.arrivals.items()}
+    return StepOutput(batch.generations, result.events, batch.buffered, lags, done - started)

@@ -1,0 +1,169 @@
+"""The pod: everything one server process holds, built once and passed to the app.
+
+:class:`Pod` ties the slot buffers, the engine thread, the streams, the heartbeat and
+the metrics together, and answers the questions the routes ask (may this client
+connect? is the pod ready?). It holds no module-level state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+
+from asrpool.common import auth, protocol, registry
+from asrpool.server import engine_loop, heartbeat, metrics, sessions, settings, slots
+
+logger = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass
+class Deps:
+    """What a pod needs from outside: built by :func:`app.build_deps` or by a test."""
+
+    engine_factory: engine_loop.EngineFactory
+    redis: aioredis.Redis | None = None
+    keys: auth.KeyRing | None = None
+
+
+class Pod:
+    def __init__(self, config: settings.ServerSettings, deps: Deps) -> None:
+        self.settings = config
+        self.deps = deps
+        self.metrics = metrics.ServerMetrics()
+        self.buffers = slots.SlotBuffers(config.batch_size)
+        self.sessions = sessions.Sessions(
+            self.buffers, config.resume_grace_seconds, config.max_pending_messages,
+            self._slots_changed)
+        self.state = State.LOADING
+        self.model_id = config.model
+        self.failure: BaseException | None = None
+        self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
+        self._heartbeat_wake = asyncio.Event()
+        self._engine: engine_loop.EngineLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.metrics.slots_total.set(config.batch_size)
+        self.metrics.slots_free.set(config.batch_size)
+
+    # Life cycle.
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._engine = engine_loop.EngineLoop(
+            self.deps.engine_factory, self.buffers, loop, self._on_output, self._on_ready,
+            self._on_failure, self.settings.warmup_steps)
+        self._engine.start()
+        if self.deps.redis is not None:
+            self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
+
+    async def shutdown(self) -> None:
+        for stream in self.sessions.streams():
+            self.sessions.close(stream)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.deps.redis is not None:
+            await heartbeat.withdraw(self.deps.redis, self.settings.pod_id, self.settings.pool)
+            await self.deps.redis.aclose()
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.stop)
+
+    def begin_drain(self) -> bool:
+        """Stop taking streams now; False if the pod was not serving (nothing to drain)."""
+        if self.state is not State.READY:
+            self.stopped.set()
+            return False
+        self.state = State.DRAINING
+        self.metrics.draining.set(1)
+        self._heartbeat_wake.set()
+        logger.info("draining: %d open streams", self.sessions.used)
+        return True
+
+    # Questions the routes ask.
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
+
+    def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+        """Why a websocket request is refused before the upgrade (HTTP 401), or None."""
+        token = self.settings.pod_token
+        if token and headers.get(protocol.POD_TOKEN_HEADER) != token:
+            return "missing or wrong pod token"
+        keys = self.deps.keys
+        if keys is not None:
+            plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
+            if keys.find(plain) is None:
+                return "missing or invalid API key"
+        return None
+
+    def not_accepting(self) -> sessions.Outcome | None:
+        """Why a new stream is refused after the upgrade, or None."""
+        if self.state is State.DRAINING:
+            return sessions.Outcome.failure("server is draining", "draining", 1013)
+        if self.state is not State.READY:
+            return sessions.Outcome.failure("model is still loading", "busy", 1013)
+        return None
+
+    def modules_info(self) -> dict[str, object]:
+        return {"total_slots": self.sessions.total, "used_slots": self.sessions.used,
+                "model": self.model_id, "draining": self.state is State.DRAINING}
+
+    def beat(self) -> registry.PodHeartbeat:
+        return registry.PodHeartbeat(
+            pod_id=self.settings.pod_id, pool=self.settings.pool,
+            address=self.settings.address, total_slots=self.sessions.total,
+            free_slots=self.sessions.total - self.sessions.used,
+            draining=self.state is State.DRAINING, model=self.model_id)
+
+    # Callbacks from the engine thread (run on the event loop).
+
+    def _on_ready(self, ready: engine_loop.Ready) -> None:
+        self.model_id = ready.model_id
+        if self.state is State.LOADING:
+            self.state = State.READY
+        self._heartbeat_wake.set()
+        logger.info("ready: model %s, %d slots, streaming state %.1f MiB", ready.model_id,
+                    self.sessions.total, ready.state_nbytes / 2**20)
+
+    def _on_failure(self, exc: BaseException) -> None:
+        logger.error("engine failed: %s", exc)
+        self.failure = exc
+        self.state = State.FAILED
+        self.stopped.set()
+
+    def _on_output(self, output: engine_loop.StepOutput) -> None:
+        self.sessions.deliver(output)
+        m = self.metrics
+        if output.duration:
+            m.model_step_duration.observe(output.duration)
+            m.batch_rows.observe(len(output.lags))
+        for lag in output.lags.values():
+            m.step_lag.observe(lag)
+        m.buffered_audio.set(self.buffers.buffered_total() / protocol.SAMPLE_RATE)
+
+    def _slots_changed(self) -> None:
+        self.metrics.slots_free.set(self.sessions.total - self.sessions.used)
+        self._heartbeat_wake.set()
+
+    async def _heartbeat(self, redis: aioredis.Redis) -> None:
+        while self.state is State.LOADING:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._heartbeat_wake.wait(), 0.5)
+            self._heartbeat_wake.clear()
+        if self.state is State.FAILED:
+            return
+        await heartbeat.run(redis, self.beat, self.settings.heartbeat_interval_seconds,
+                            self.settings.heartbeat_lease_ms, self._heartbeat_wake)

@@ -1,0 +1,192 @@
+"""Streams and their slots, on the event loop: open, attach, detach for a resume, close.
+
+A :class:`Stream` holds one slot from its first ``Ready`` until it ends. While its
+client is attached, a writer task sends its outbox; after an unexpected disconnect it
+stays, detached, for the resume grace period: the engine keeps working through its
+buffered audio and the results wait in the (bounded) outbox for a reconnect with its
+resume token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import secrets
+import uuid
+from collections.abc import Callable
+
+from asrpool.common import protocol
+from asrpool.server import engine_loop, events, slots
+
+HISTORY = 512  # sent messages kept per stream, to replay what a dropped connection lost
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a connection ended; ``message`` (an Error) is sent before closing."""
+
+    kind: str  # clean | dropped | error | replaced
+    message: bytes | None = None
+    close_code: int = 1000
+    code: str | None = None  # the Error's code, for metrics
+
+    @classmethod
+    def failure(cls, message: str, code: str, close_code: int = 1008) -> Outcome:
+        return cls("error", protocol.error(message, code), close_code, code)
+
+
+@dataclasses.dataclass(eq=False)
+class Stream:
+    slot: int
+    generation: int
+    session_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    resume_token: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(24))
+    outbox: collections.deque[bytes] = dataclasses.field(default_factory=collections.deque)
+    has_output: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    room: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    attached: bool = False
+    kick: asyncio.Future[Outcome] | None = None
+    detached: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    expiry: asyncio.TimerHandle | None = None
+    sent: int = 0  # messages of this stream sent so far (not counting the Ready of an attach)
+    history: collections.deque[bytes] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=HISTORY))
+
+    def post(self, message: bytes) -> None:
+        self.outbox.append(message)
+        self.has_output.set()
+
+    def mark_sent(self) -> None:
+        self.history.append(self.outbox.popleft())
+        self.sent += 1
+
+    def replay_from(self, received: int) -> int:
+        """Queue again what was sent after the client's ``received``-th message
+        (lost in flight when the connection dropped); how many could be replayed."""
+        if received > self.sent:  # the client got messages the writer had not counted yet
+            for _ in range(min(received - self.sent, len(self.outbox))):
+                self.mark_sent()
+            return 0
+        lost = min(self.sent - received, len(self.history))
+        if lost <= 0:
+            return 0
+        replay = [self.history.pop() for _ in range(lost)]
+        self.outbox.extendleft(replay)  # popped newest first, so extendleft restores order
+        self.sent -= lost
+        self.has_output.set()
+        return lost
+
+    def end_connection(self, outcome: Outcome) -> None:
+        """Ask the attached connection to end (drain, takeover, overflow)."""
+        if self.kick is not None and not self.kick.done():
+            self.kick.set_result(outcome)
+
+
+class Sessions:
+    def __init__(self, buffers: slots.SlotBuffers, resume_grace: float, max_pending: int,
+                 on_change: Callable[[], None]) -> None:
+        self._buffers = buffers
+        self._grace = resume_grace
+        self._max_pending = max_pending
+        self._on_change = on_change
+        self._streams: dict[int, Stream] = {}
+        self._tokens: dict[str, Stream] = {}
+
+    @property
+    def total(self) -> int:
+        return self._buffers.total
+
+    @property
+    def used(self) -> int:
+        return len(self._streams)
+
+    @property
+    def attached(self) -> int:
+        return sum(stream.attached for stream in self._streams.values())
+
+    def streams(self) -> list[Stream]:
+        return list(self._streams.values())
+
+    def open(self) -> Stream | None:
+        """A new stream in the lowest free slot, or None when all are taken."""
+        free = next((s for s in range(self.total) if s not in self._streams), None)
+        if free is None:
+            return None
+        stream = Stream(slot=free, generation=self._buffers.start(free))
+        self._streams[free] = stream
+        self._tokens[stream.resume_token] = stream
+        self._on_change()
+        return stream
+
+    async def reclaim(self, token: str) -> Stream | None:
+        """The stream a resume token names, once no other connection holds it."""
+        stream = self._tokens.get(token)
+        if stream is None:
+            return None
+        while stream.attached:  # the old connection may not know yet that it is dead
+            stream.end_connection(Outcome("replaced"))
+            await stream.detached.wait()
+        if self._tokens.get(token) is not stream:
+            return None
+        if stream.expiry is not None:
+            stream.expiry.cancel()
+            stream.expiry = None
+        return stream
+
+    def attach(self, stream: Stream) -> asyncio.Future[Outcome]:
+        stream.attached = True
+        stream.detached.clear()
+        stream.kick = asyncio.get_running_loop().create_future()
+        stream.has_output.set()
+        return stream.kick
+
+    def restart(self, stream: Stream) -> None:
+        """``Init``: a fresh stream in the same slot, announced by a new Ready."""
+        stream.generation = self._buffers.start(stream.slot)
+        stream.outbox.clear()
+        stream.post(protocol.ready())
+
+    def finish(self, stream: Stream, outcome: Outcome) -> None:
+        """The connection is gone: keep the stream for a resume, or end it."""
+        stream.attached = False
+        stream.kick = None
+        stream.detached.set()
+        if outcome.kind == "replaced":
+            return
+        if outcome.kind == "dropped" and self._grace > 0:
+            loop = asyncio.get_running_loop()
+            stream.expiry = loop.call_later(self._grace, self.close, stream)
+            return
+        self.close(stream)
+
+    def close(self, stream: Stream) -> None:
+        if self._streams.get(stream.slot) is not stream:
+            return
+        if stream.expiry is not None:
+            stream.expiry.cancel()
+        del self._streams[stream.slot]
+        self._tokens.pop(stream.resume_token, None)
+        self._buffers.stop(stream.slot)
+        stream.end_connection(Outcome.failure("stream closed", "internal"))
+        self._on_change()
+
+    def deliver(self, output: engine_loop.StepOutput) -> None:
+        """Route one step's events to their streams (events of ended streams are dropped)."""
+        for slot, generation in output.generations.items():
+            stream = self._streams.get(slot)
+            if stream is None or stream.generation != generation:
+                continue
+            for event in output.events.get(slot, ()):
+                message = events.to_message(event, output.buffered.get(slot, 0))
+                stream.post(protocol.encode(message))
+            stream.room.set()
+            if len(stream.outbox) > self._max_pending:
+                self._overflow(stream)
+
+    def _overflow(self, stream: Stream) -> None:
+        if stream.attached:
+            stream.end_connection(Outcome.failure(
+                "too many results waiting: the client does not read them", "too_slow", 1008))
+        else:
+            self.close(stream)

@@ -1,0 +1,63 @@
+"""The server pod's settings: flags of ``asrpool serve`` or ``ASRPOOL_*`` environment variables."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pydantic
+import pydantic_settings
+
+from asrpool.common import protocol, registry
+
+_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+
+
+class ServerSettings(pydantic_settings.BaseSettings):
+    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
+
+    # The model and its engine.
+    model: str = "tiny"
+    batch_size: int = pydantic.Field(default=8, ge=1, le=4096)
+    context: int | None = pydantic.Field(default=None, ge=1)
+    device: str = "cpu"
+    dtype: str = pydantic.Field(default="float32", pattern="^(float32|bfloat16|float16)$")
+    torch_threads: int | None = pydantic.Field(default=None, ge=1)  # CPU intra-op threads
+
+    # Where it listens and how the platform finds it.
+    host: str = "0.0.0.0"
+    port: int = pydantic.Field(default=8080, ge=0, le=65535)
+    redis_url: str | None = None
+    pool: str = registry.DEFAULT_POOL
+    pod_id: str = pydantic.Field(default_factory=socket.gethostname)
+    advertise_address: str | None = None
+    heartbeat_interval_seconds: float = pydantic.Field(default=0.5, gt=0)
+    heartbeat_lease_ms: int = pydantic.Field(default=registry.DEFAULT_LEASE_MS, ge=100)
+
+    # Who may connect.
+    api_keys_file: Path | None = None
+    pod_token: str | None = None
+
+    # Per-stream limits and timers.
+    max_buffer_seconds: float = pydantic.Field(default=10.0, gt=0)
+    max_message_bytes: int = pydantic.Field(default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    resume_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
+    max_pending_messages: int = pydantic.Field(default=10_000, ge=16)
+    idle_timeout_seconds: float = pydantic.Field(default=20.0, gt=0)
+    ping_interval_seconds: float = pydantic.Field(default=10.0, gt=0)
+    drain_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
+    warmup_steps: int = pydantic.Field(default=2, ge=0)
+
+    log_level: str = "info"
+
+    @property
+    def address(self) -> str:
+        """What routers dial: the advertised address, or host:port (hostname if wildcard)."""
+        if self.advertise_address:
+            return self.advertise_address
+        host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def max_buffer_samples(self) -> int:
+        return int(self.max_buffer_seconds * protocol.SAMPLE_RATE)

@@ -1,0 +1,181 @@
+"""Per-slot input buffers: the one structure shared by the event loop and the engine thread.
+
+Websocket handlers (event loop) push audio and markers; the engine thread takes at
+most one 1920-sample frame per slot per step. Everything goes through one lock and
+one condition; every operation is short (no model work under the lock).
+
+Each slot has a *generation*, bumped whenever its stream starts, restarts (``Init``)
+or ends. The engine thread reports the generation with every event, so output of an
+old stream never reaches a new one.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from asrpool.common import protocol
+
+FRAME_SIZE = protocol.FRAME_SIZE
+
+
+@dataclasses.dataclass
+class _SlotInput:
+    generation: int = 0
+    active: bool = False
+    needs_reset: bool = False
+    chunks: collections.deque[np.ndarray] = dataclasses.field(default_factory=collections.deque)
+    offset: int = 0  # samples of chunks[0] already taken
+    samples: int = 0  # buffered samples, not yet handed to the engine
+    received: int = 0  # samples received since the stream (generation) began
+    frames_taken: int = 0  # frames handed to the engine since the stream began
+    markers: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (id, frame no.)
+    arrivals: collections.deque[tuple[int, float]] = dataclasses.field(
+        default_factory=collections.deque)  # (end sample, monotonic arrival time)
+
+    def clear(self) -> None:
+        self.generation += 1
+        self.chunks.clear()
+        self.offset = self.samples = self.received = self.frames_taken = 0
+        self.markers.clear()
+        self.arrivals.clear()
+
+    def pop_frame(self) -> np.ndarray:
+        frame = np.empty(FRAME_SIZE, dtype=np.float32)
+        filled = 0
+        while filled < FRAME_SIZE:
+            chunk = self.chunks[0]
+            take = min(FRAME_SIZE - filled, len(chunk) - self.offset)
+            frame[filled:filled + take] = chunk[self.offset:self.offset + take]
+            filled += take
+            self.offset += take
+            if self.offset == len(chunk):
+                self.chunks.popleft()
+                self.offset = 0
+        self.samples -= FRAME_SIZE
+        self.frames_taken += 1
+        return frame
+
+    def frame_arrival(self) -> float:
+        """When the last sample of the next frame arrived (drops older arrivals)."""
+        end = (self.frames_taken + 1) * FRAME_SIZE
+        while self.arrivals and self.arrivals[0][0] < end:
+            self.arrivals.popleft()
+        return self.arrivals[0][1] if self.arrivals else time.monotonic()
+
+    @property
+    def ready(self) -> bool:
+        return self.active and (self.needs_reset or bool(self.markers)
+                                or self.samples >= FRAME_SIZE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """What the engine thread does next: resets, then markers, then one step."""
+
+    generations: dict[int, int]
+    resets: list[int]
+    markers: list[tuple[int, int, int]]  # (slot, id, frames pending)
+    frames: dict[int, np.ndarray]
+    arrivals: dict[int, float]  # slot -> arrival time of its frame
+    buffered: dict[int, int]  # slot -> samples still buffered after this batch
+
+
+class SlotBuffers:
+    def __init__(self, total: int) -> None:
+        self._slots = [_SlotInput() for _ in range(total)]
+        self._cond = threading.Condition()
+        self._stopped = False
+
+    @property
+    def total(self) -> int:
+        return len(self._slots)
+
+    def start(self, slot: int) -> int:
+        """A stream starts (or restarts) in ``slot``: empty it, reset it; its new generation."""
+        with self._cond:
+            state = self._slots[slot]
+            state.clear()
+            state.active = True
+            state.needs_reset = True
+            self._cond.notify()
+            return state.generation
+
+    def stop(self, slot: int) -> None:
+        """The slot's stream is over: drop whatever it had buffered."""
+        with self._cond:
+            state = self._slots[slot]
+            state.clear()
+            state.active = False
+            state.needs_reset = False
+
+    def push_audio(self, slot: int, pcm: np.ndarray) -> None:
+        if not len(pcm):
+            return
+        with self._cond:
+            state = self._slots[slot]
+            state.chunks.append(pcm)
+            state.samples += len(pcm)
+            state.received += len(pcm)
+            state.arrivals.append((state.received, time.monotonic()))
+            if state.samples >= FRAME_SIZE:
+                self._cond.notify()
+
+    def push_marker(self, slot: int, marker_id: int) -> None:
+        """Due after every full frame buffered now (the frame number, counted per stream)."""
+        with self._cond:
+            state = self._slots[slot]
+            state.markers.append((marker_id, state.frames_taken + state.samples // FRAME_SIZE))
+            self._cond.notify()
+
+    def buffered(self, slot: int) -> int:
+        with self._cond:
+            return self._slots[slot].samples
+
+    def received(self, slot: int) -> int:
+        with self._cond:
+            return self._slots[slot].received
+
+    def buffered_total(self) -> int:
+        with self._cond:
+            return sum(state.samples for state in self._slots)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def take(self, timeout: float = 0.5) -> Batch | None:
+        """Block until some slot has work; None once closed (engine thread only)."""
+        with self._cond:
+            while not self._stopped and not any(state.ready for state in self._slots):
+                self._cond.wait(timeout)
+            if self._stopped:
+                return None
+            return self._take_locked()
+
+    def _take_locked(self) -> Batch:
+        generations: dict[int, int] = {}
+        resets: list[int] = []
+        markers: list[tuple[int, int, int]] = []
+        frames: dict[int, np.ndarray] = {}
+        arrivals: dict[int, float] = {}
+        buffered: dict[int, int] = {}
+        for slot, state in enumerate(self._slots):
+            if not state.ready:
+                continue
+            generations[slot] = state.generation
+            if state.needs_reset:
+                resets.append(slot)
+                state.needs_reset = False
+            markers.extend((slot, mid, due - state.frames_taken) for mid, due in state.markers)
+            state.markers.clear()
+            if state.samples >= FRAME_SIZE:
+                arrivals[slot] = state.frame_arrival()
+                frames[slot] = state.pop_frame()
+            buffered[slot] = state.samples
+        return Batch(generations, resets, markers, frames, arrivals, buffered)

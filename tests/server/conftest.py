@@ -1,0 +1,41 @@
+"""Fixtures of the server suite: real ``asrpool serve`` processes with the tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tests.support import servers
+
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    """One server for tests that each use their own streams (B=2, short idle timeout)."""
+    workdir = tmp_path_factory.mktemp("server")
+    with servers.ServerProcess(workdir, batch_size=BATCH, args=[
+        "--idle-timeout-seconds", "1.5", "--max-message-bytes", "262144",
+        "--resume-grace-seconds", "0",
+    ]) as server:
+        server.wait_ready()
+        yield server
+
+
+@pytest.fixture
+def idle_server(shared_server: servers.ServerProcess) -> servers.ServerProcess:
+    """The shared server once the previous test's streams have freed their slots."""
+    shared_server.wait_idle()
+    return shared_server
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """Deterministic audio with structure (noise bursts and tones), float32 at 24 kHz."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * 24_000)
+    t = np.arange(n) / 24_000
+    envelope = (np.sin(2 * np.pi * 1.7 * t) > 0).astype(np.float32)
+    tone = np.sin(2 * np.pi * (150 + 100 * np.sin(2 * np.pi * 0.3 * t)) * t)
+    return ((0.2 * rng.standard_normal(n) + 0.3 * tone) * envelope).astype(np.float32)

@@ -1,0 +1,68 @@
+"""API keys and the pod token: a bad one is HTTP 401 before the upgrade."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from websockets import exceptions as ws_exceptions
+
+from asrpool.common import auth
+from tests.support import kyutai_client, servers
+
+KEY = "secret-key-a"
+POD_TOKEN = "router-shared-secret"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    workdir = tmp_path_factory.mktemp("keyed")
+    keys = workdir / "keys.yaml"
+    keys.write_text(f"keys:\n  - id: team-a\n    sha256: {auth.hash_key(KEY)}\n")
+    with servers.ServerProcess(workdir, batch_size=1, args=[
+            "--api-keys-file", str(keys), "--pod-token", POD_TOKEN]) as server:
+        server.wait_ready()
+        yield server
+
+
+async def _status_of(server: servers.ServerProcess, query: str,
+                     headers: dict[str, str]) -> int:
+    server.wait_idle()
+    url = server.ws_url + query
+    try:
+        async with await kyutai_client.connect(url, headers) as ws:
+            await kyutai_client.expect(ws, "Ready")
+            return 101
+    except ws_exceptions.InvalidStatus as exc:
+        return exc.response.status_code
+
+
+@pytest.mark.parametrize(("headers", "query", "status"), [
+    ({"kyutai-api-key": KEY}, "", 101),
+    ({}, f"?auth_id={KEY}", 101),
+    ({}, "", 401),
+    ({"kyutai-api-key": "wrong"}, "", 401),
+    ({}, "?auth_id=wrong", 401),
+], ids=["header", "query", "missing", "wrong-header", "wrong-query"])
+async def test_api_keys(keyed_server: servers.ServerProcess, headers: dict[str, str],
+                        query: str, status: int) -> None:
+    headers = {**headers, "asrpool-pod-token": POD_TOKEN}
+    assert await _status_of(keyed_server, query, headers) == status
+
+
+@pytest.mark.parametrize("token", [None, "wrong"], ids=["missing", "wrong"])
+async def test_pod_token(keyed_server: servers.ServerProcess, token: str | None) -> None:
+    headers = {"kyutai-api-key": KEY}
+    if token:
+        headers["asrpool-pod-token"] = token
+    assert await _status_of(keyed_server, "", headers) == 401
+    assert keyed_server.modules_info()["used_slots"] == 0
+
+
+def test_bad_key_file_is_refused_at_start(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys: nope\n")
+    server = servers.ServerProcess(tmp_path, args=["--api-keys-file", str(keys)]).start()
+    assert server.wait(60) != 0
+    assert "keys" in server.log()

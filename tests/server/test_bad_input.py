@@ -1,0 +1,140 @@
+"""Each kind of bad input is refused with a clear Error for that client only.
+
+Every case runs next to a healthy stream on the same server, which must still get its
+marker back afterwards: the server and the other streams carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from websockets.asyncio import client as ws_client
+
+from tests.support import kyutai_client, servers
+
+Send = Callable[[ws_client.ClientConnection], Awaitable[None]]
+
+
+async def _error_of(ws: ws_client.ClientConnection) -> dict[str, Any]:
+    """The Error the server sends (skipping results), then the close."""
+    while True:
+        message = await kyutai_client.receive(ws, timeout=20)
+        if message["type"] == "Error":
+            await asyncio.wait_for(ws.wait_closed(), 10)
+            return message
+
+
+async def _healthy_round_trip(ws: ws_client.ClientConnection, marker_id: int) -> None:
+    second = np.zeros(24_000, dtype=np.float32)
+    await ws.send(kyutai_client.audio(np.random.default_rng(0).standard_normal(24_000)))
+    await ws.send(kyutai_client.marker(marker_id))
+    for _ in range(3):
+        await ws.send(kyutai_client.audio(second))
+    await kyutai_client.until_marker(ws, marker_id, timeout=30)
+
+
+async def _keep_talking(ws: ws_client.ClientConnection) -> None:
+    """Real-time silence, so the healthy stream is never idle."""
+    frame = np.zeros(1920, dtype=np.float32)
+    while True:
+        await ws.send(kyutai_client.audio(frame))
+        await asyncio.sleep(0.08)
+
+
+async def _refused(server: servers.ServerProcess, send_bad: Send) -> dict[str, Any]:
+    async with await kyutai_client.connect(server.ws_url) as good:
+        await kyutai_client.expect(good, "Ready")
+        talking = asyncio.create_task(_keep_talking(good))
+        try:
+            async with await kyutai_client.connect(server.ws_url) as bad:
+                await kyutai_client.expect(bad, "Ready")
+                await send_bad(bad)
+                error = await _error_of(bad)
+        finally:
+            talking.cancel()
+            await asyncio.gather(talking, return_exceptions=True)
+        await _healthy_round_trip(good, marker_id=42)
+    assert server.http_status("/healthz") == 200
+    return error
+
+
+def _sender(*frames: bytes | str) -> Send:
+    async def send(ws: ws_client.ClientConnection) -> None:
+        for frame in frames:
+            await ws.send(frame)
+    return send
+
+
+async def test_malformed_messagepack(idle_server: servers.ServerProcess) -> None:
+    error = await _refused(idle_server, _sender(b"\xc1\xff\x00garbage"))
+    assert error["code"] == "malformed"
+    assert "MessagePack" in error["message"]
+
+
+async def test_map_without_type(idle_server: servers.ServerProcess) -> None:
+    error = await _refused(idle_server, _sender(msgpack.packb({"pcm": [0.0] * 10})))
+    assert error["code"] == "bad_message"
+    assert "type" in error["message"]
+
+
+async def test_unknown_type(idle_server: servers.ServerProcess) -> None:
+    error = await _refused(idle_server, _sender(msgpack.packb({"type": "Shout"})))
+    assert error["code"] == "unknown_type"
+    assert "Shout" in error["message"]
+
+
+async def test_pcm_of_the_wrong_type(idle_server: servers.ServerProcess) -> None:
+    bad = msgpack.packb({"type": "Audio", "pcm": "not samples"})
+    error = await _refused(idle_server, _sender(bad))
+    assert error["code"] == "bad_message"
+    assert "pcm" in error["message"]
+
+
+@pytest.mark.parametrize("sample", [float("nan"), float("inf")], ids=["nan", "inf"])
+async def test_non_finite_samples(idle_server: servers.ServerProcess, sample: float) -> None:
+    bad = msgpack.packb({"type": "Audio", "pcm": [0.0] * 100 + [sample]})
+    error = await _refused(idle_server, _sender(bad))
+    assert error["code"] == "bad_audio"
+
+
+async def test_frame_larger_than_the_maximum(idle_server: servers.ServerProcess) -> None:
+    # The fixture sets --max-message-bytes 262144; 80,000 float32 samples are ~400 kB.
+    too_big = kyutai_client.audio(np.zeros(80_000, dtype=np.float32))
+    assert len(too_big) > 262_144
+    error = await _refused(idle_server, _sender(too_big))
+    assert error["code"] == "too_large"
+
+
+async def test_a_kyutai_silence_message_fits_the_default_limit(
+        idle_server: servers.ServerProcess) -> None:
+    # 1 s (24,000 samples) as float64, the largest thing Kyutai's client sends: ~216 kB.
+    big = msgpack.packb({"type": "Audio", "pcm": [0.0] * 24_000}, use_single_float=False)
+    async with await kyutai_client.connect(idle_server.ws_url) as ws:
+        await kyutai_client.expect(ws, "Ready")
+        await ws.send(big)
+        await _healthy_round_trip(ws, marker_id=3)
+
+
+async def test_text_frames_are_ignored(idle_server: servers.ServerProcess) -> None:
+    async with await kyutai_client.connect(idle_server.ws_url) as ws:
+        await kyutai_client.expect(ws, "Ready")
+        await ws.send('{"type": "Audio"}')
+        await _healthy_round_trip(ws, marker_id=7)
+
+
+async def test_a_client_that_never_sends_is_dropped(idle_server: servers.ServerProcess) -> None:
+    async def say_nothing(ws: ws_client.ClientConnection) -> None:
+        return None
+
+    error = await _refused(idle_server, say_nothing)  # the fixture's idle timeout: 1.5 s
+    assert error["code"] == "idle_timeout"
+    deadline = asyncio.get_running_loop().time() + 10
+    while idle_server.modules_info()["used_slots"] and (
+            asyncio.get_running_loop().time() < deadline):
+        await asyncio.sleep(0.05)
+    assert idle_server.modules_info()["used_slots"] == 0

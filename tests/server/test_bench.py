@@ -1,0 +1,19 @@
+"""``asrpool bench server`` runs end to end (a smoke run; the numbers are not checked)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asrpool.bench import server as bench_server
+
+
+def test_bench_server_writes_json(tmp_path: Path) -> None:
+    assert bench_server.main(["--model", "tiny", "--batch-size", "1", "--clients", "1,2",
+                              "--seconds", "1", "--torch-threads", "1",
+                              "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server-tiny-cpu-b1.json").read_text())
+    first, second = result["rounds"]
+    assert first["frames"] == 12 and first["refused"] == 0
+    assert second["refused"] == 1  # two clients, one slot
+    assert first["p50_latency_s"] > 0 and result["rss_mib_over_time"]

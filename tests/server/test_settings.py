@@ -1,0 +1,50 @@
+"""``asrpool serve`` settings: flags over ``ASRPOOL_*`` environment variables over defaults."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from asrpool.server import serve_cli
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASRPOOL_BATCH_SIZE", "3")
+    monkeypatch.setenv("ASRPOOL_POOL", "green")
+    monkeypatch.setenv("ASRPOOL_DRAIN_GRACE_SECONDS", "12.5")
+    config = serve_cli.settings_from(_parse("--batch-size", "5", "--port", "9000"))
+    assert (config.batch_size, config.pool, config.port) == (5, "green", 9000)
+    assert config.drain_grace_seconds == 12.5
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ASRPOOL_PORT", "ASRPOOL_POOL", "ASRPOOL_ADVERTISE_ADDRESS", "ASRPOOL_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    config = serve_cli.settings_from(_parse("--host", "10.1.2.3"))
+    assert (config.port, config.pool, config.address) == (8080, "default", "10.1.2.3:8080")
+    assert config.max_message_bytes == 1 << 20
+    assert config.resume_grace_seconds == 30 and config.idle_timeout_seconds == 20
+
+
+def test_cli_module_does_not_import_torch_or_fastapi() -> None:
+    code = ("import sys; from asrpool.server import serve_cli; "
+            "print(sorted({'torch', 'fastapi', 'uvicorn'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_invalid_setting_is_a_clear_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "asrpool.cli", "serve", "--batch-size", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "batch_size" in result.stderr

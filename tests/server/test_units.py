@@ -1,0 +1,56 @@
+"""Pure pieces of the pod, without processes: slot buffers, replay after a lost connection."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asrpool.server import sessions, slots
+
+
+def test_frames_cross_message_boundaries_and_markers_count_full_frames() -> None:
+    buffers = slots.SlotBuffers(2)
+    generation = buffers.start(1)
+    pcm = np.arange(5000, dtype=np.float32)
+    buffers.push_audio(1, pcm[:1000])
+    buffers.push_audio(1, pcm[1000:5000])
+    buffers.push_marker(1, 9)  # two full frames buffered, 1160 samples left over
+    first = buffers.take(timeout=0)
+    assert first is not None
+    assert (first.resets, first.markers, first.generations) == ([1], [(1, 9, 2)], {1: generation})
+    np.testing.assert_array_equal(first.frames[1], pcm[:1920])
+    second = buffers.take(timeout=0)
+    assert second is not None
+    np.testing.assert_array_equal(second.frames[1], pcm[1920:3840])
+    assert second.buffered == {1: 5000 - 3840}
+    assert buffers.received(1) == 5000
+
+
+def test_stop_drops_buffered_audio_and_start_bumps_the_generation() -> None:
+    buffers = slots.SlotBuffers(1)
+    first = buffers.start(0)
+    buffers.push_audio(0, np.zeros(4000, dtype=np.float32))
+    buffers.stop(0)
+    assert buffers.buffered(0) == 0
+    assert buffers.start(0) > first
+
+
+def test_replay_requeues_what_the_client_never_got() -> None:
+    stream = sessions.Stream(slot=0, generation=1)
+    for n in range(5):
+        stream.post(bytes([n]))
+    for _ in range(4):
+        stream.mark_sent()  # 0..3 written to the socket; 4 still queued
+    assert stream.replay_from(received=2) == 2  # the client saw 0 and 1 only
+    assert list(stream.outbox) == [b"\x02", b"\x03", b"\x04"]
+    assert stream.sent == 2
+
+
+def test_replay_when_the_client_got_more_than_counted() -> None:
+    stream = sessions.Stream(slot=0, generation=1)
+    for n in range(3):
+        stream.post(bytes([n]))
+    stream.mark_sent()
+    # The writer was cancelled after writing message 1 but before counting it.
+    assert stream.replay_from(received=2) == 0
+    assert list(stream.outbox) == [b"\x02"]
+    assert stream.sent == 2

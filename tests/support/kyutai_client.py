@@ -1,0 +1,136 @@
+"""A websocket client written from the protocol description alone (Kyutai's STT protocol).
+
+It behaves like Kyutai's own file client when asked to: audio in 1920-sample messages
+(float32 MessagePack arrays), silences in 1 s messages, a marker, then 1 s silences
+until the marker comes back; optionally paced at real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+from websockets.asyncio import client as ws_client
+
+SAMPLE_RATE = 24_000
+FRAME_SIZE = 1920
+
+
+def pack(message: Mapping[str, Any]) -> bytes:
+    body = dict(message)
+    if isinstance(body.get("pcm"), np.ndarray):
+        body["pcm"] = body["pcm"].astype(np.float32).tolist()
+    return bytes(msgpack.packb(body, use_bin_type=True, use_single_float=True))
+
+
+def audio(pcm: np.ndarray) -> bytes:
+    return pack({"type": "Audio", "pcm": pcm})
+
+
+def marker(marker_id: int) -> bytes:
+    return pack({"type": "Marker", "id": marker_id})
+
+
+async def connect(url: str, headers: Mapping[str, str] | None = None,
+                  **kwargs: Any) -> ws_client.ClientConnection:
+    """Open a stream. A pod that applies backpressure stops reading, pings included, so
+    the keepalive timeout is generous (a loaded test machine steps slowly)."""
+    options: dict[str, Any] = {"max_size": None, "open_timeout": 30, "ping_timeout": 120}
+    return await ws_client.connect(url, additional_headers=dict(headers or {}),
+                                   **(options | kwargs))
+
+
+async def receive(ws: ws_client.ClientConnection, timeout: float = 30.0) -> dict[str, Any]:
+    data = await asyncio.wait_for(ws.recv(), timeout)
+    assert isinstance(data, bytes), f"expected a binary frame, got {data!r}"
+    return dict(msgpack.unpackb(data, raw=False))
+
+
+def stamp(message: dict[str, Any]) -> dict[str, Any]:
+    """A received message with ``received_at`` (monotonic seconds), for benchmarks."""
+    return message | {"received_at": time.monotonic()}
+
+
+async def expect(ws: ws_client.ClientConnection, kind: str,
+                 timeout: float = 30.0) -> dict[str, Any]:
+    message = await receive(ws, timeout)
+    assert message["type"] == kind, f"expected {kind}, got {message}"
+    return message
+
+
+def file_messages(pcm: np.ndarray, marker_id: int = 0,
+                  flush_seconds: int = 35) -> list[dict[str, Any]]:
+    """Kyutai's file client: 1 s silence, 80 ms chunks, 5 s silence, marker, 1 s silences."""
+    second = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    out: list[dict[str, Any]] = [{"type": "Audio", "pcm": second}]
+    out += [{"type": "Audio", "pcm": pcm[i:i + FRAME_SIZE]} for i in range(0, len(pcm), FRAME_SIZE)]
+    out += [{"type": "Audio", "pcm": second}] * 5
+    out.append({"type": "Marker", "id": marker_id})
+    out += [{"type": "Audio", "pcm": second}] * flush_seconds
+    return out
+
+
+def short_messages(pcm: np.ndarray, marker_id: int = 0) -> list[dict[str, Any]]:
+    """A shorter session than the file client's: the audio, a marker, 1 s silences."""
+    second = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    out: list[dict[str, Any]] = [
+        {"type": "Audio", "pcm": pcm[i:i + FRAME_SIZE]} for i in range(0, len(pcm), FRAME_SIZE)]
+    out.append({"type": "Marker", "id": marker_id})
+    return out + [{"type": "Audio", "pcm": second}] * 5
+
+
+async def send_paced(ws: ws_client.ClientConnection, messages: Iterable[Mapping[str, Any]],
+                     realtime: float | None = None) -> None:
+    """Send messages; with ``realtime`` (1.0 = real time), pace audio by its duration."""
+    started, sent_seconds = time.monotonic(), 0.0
+    for message in messages:
+        await ws.send(pack(message))
+        if realtime and message["type"] == "Audio":
+            sent_seconds += len(message["pcm"]) / SAMPLE_RATE
+            delay = started + sent_seconds / realtime - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+
+async def until_marker(ws: ws_client.ClientConnection, marker_id: int,
+                       timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Every message up to and including the Marker ``marker_id``."""
+    deadline = time.monotonic() + timeout
+    out: list[dict[str, Any]] = []
+    while True:
+        message = stamp(await receive(ws, max(0.1, deadline - time.monotonic())))
+        out.append(message)
+        if message["type"] == "Error":
+            raise AssertionError(f"server error: {message}")
+        if message["type"] == "Marker" and message["id"] == marker_id:
+            return out
+
+
+async def transcribe(url: str, pcm: np.ndarray, realtime: float | None = None,
+                     headers: Mapping[str, str] | None = None, timeout: float = 120.0,
+                     short: bool = False) -> list[dict[str, Any]]:
+    """The whole file-client session: Ready, then every message up to the marker."""
+    messages = short_messages(pcm) if short else file_messages(pcm)
+    async with await connect(url, headers) as ws:
+        await expect(ws, "Ready")
+        sender = asyncio.create_task(send_paced(ws, messages, realtime))
+        try:
+            return await until_marker(ws, 0, timeout)
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+
+
+def words(messages: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """The Word and EndWord messages as (type, text or time) pairs, for comparisons."""
+    out: list[tuple[Any, ...]] = []
+    for message in messages:
+        if message["type"] == "Word":
+            out.append(("Word", message["text"], message["start_time"]))
+        elif message["type"] == "EndWord":
+            out.append(("EndWord", message["stop_time"]))
+    return out
