@@ -34,7 +34,7 @@ def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     model = models.load_model(config.model, config.device, getattr(torch, config.dtype),
-                              config.context)
+                              config.context, config.model_revision)
     return engine.BatchedEngine(model, config.batch_size)
 
 

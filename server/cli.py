@@ -22,6 +22,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--context", type=int, default=None,
                         help="rolling KV cache length in steps (default: the model's)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="CPU threads for torch; match the server's to get its exact output")
 
 
 def _add_transcribe(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,12 +37,18 @@ def _add_transcribe(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _transcribe(args: argparse.Namespace) -> int:
+    import torch
+
     from asrpool.common import audio
     from asrpool.server import engine, events, models, transcribing
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     try:
         pcm = audio.load_audio(args.file)
-        model = models.load_model(args.model, device=args.device, context=args.context)
+        model = models.load_model(args.model, device=args.device, dtype=dtype,
+                                  context=args.context)
         with engine.BatchedEngine(model, args.batch_size) as eng:
             words = transcribing.words_of(
                 transcribing.run_messages(eng, audio.kyutai_file_messages(pcm)))

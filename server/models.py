@@ -127,15 +127,16 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     context: int | None = None,
+    revision: str | None = None,
 ) -> LoadedModel:
-    """Build a preset, or load a checkpoint directory or Hugging Face repo."""
+    """Build a preset, or load a checkpoint directory or Hugging Face repo (at ``revision``)."""
     if name in PRESETS:
         return build_random(name, device, dtype, context)
     path = Path(name)
     if path.exists():
         return load_checkpoint_dir(path, device, dtype, context)
     if _looks_like_repo_id(name):
-        return load_hf_repo(name, device, dtype, context)
+        return load_hf_repo(name, device, dtype, context, revision)
     raise ModelError(
         f"unknown model {name!r}: expected one of {', '.join(PRESETS)}, "
         "a checkpoint directory, or a Hugging Face repo id (org/name)"
@@ -214,10 +215,11 @@ def load_checkpoint_dir(
 
 
 def load_hf_repo(
-    repo: str, device: str | torch.device, dtype: torch.dtype, context: int | None
+    repo: str, device: str | torch.device, dtype: torch.dtype, context: int | None,
+    revision: str | None = None,
 ) -> LoadedModel:
     try:
-        info = loaders.CheckpointInfo.from_hf_repo(repo)
+        info = loaders.CheckpointInfo.from_hf_repo(repo, revision=revision)
     except Exception as exc:  # hub errors come in many types (offline, 404, auth)
         raise ModelError(f"cannot fetch model {repo!r} from Hugging Face: {exc}") from exc
     return _from_checkpoint_info(info, repo, device, dtype, context)

@@ -14,6 +14,7 @@ from typing import Any
 # flag -> (settings field, type, help). Defaults live in ServerSettings alone.
 _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--model": ("model", str, "tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>"),
+    "--model-revision": ("model_revision", str, "Hugging Face revision of --model"),
     "--batch-size": ("batch_size", int, "stream slots (rows of the batched engine)"),
     "--context": ("context", int, "rolling KV cache length in steps (default: the model's)"),
     "--device": ("device", str, "torch device (cpu, cuda, cuda:1)"),

@@ -18,6 +18,7 @@ class ServerSettings(pydantic_settings.BaseSettings):
 
     # The model and its engine.
     model: str = "tiny"
+    model_revision: str | None = None  # a Hugging Face revision (branch, tag or commit)
     batch_size: int = pydantic.Field(default=8, ge=1, le=4096)
     context: int | None = pydantic.Field(default=None, ge=1)
     device: str = "cpu"

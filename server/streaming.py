@@ -23,8 +23,6 @@ logger = logging.getLogger(__name__)
 # many samples of the stream the pod has received, so the client resends the rest; the
 # request says how many messages (after Ready) the client has received, so the pod
 # replays what the dropped connection lost.
-RESUME_OFFSET_HEADER = "asrpool-resume-offset"
-RESUME_RECEIVED_HEADER = "asrpool-resume-received"
 # Close codes after which the client may come back: the connection was lost, not closed.
 _LOST = {1005, 1006}
 _FLUSH_SECONDS = 2.0
@@ -42,7 +40,7 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
         assert outcome is not None
         await _refuse(ws, pod, outcome)
         return
-    received = ws.headers.get(RESUME_RECEIVED_HEADER, "")
+    received = ws.headers.get(protocol.RESUME_RECEIVED_HEADER, "")
     if token:
         replayed = stream.replay_from(int(received)) if received.isdigit() else 0
         logger.info("stream %s resumed: %d messages replayed, %d waiting", stream.session_id,
@@ -51,7 +49,8 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
         await ws.accept(headers=[
             (protocol.SESSION_ID_HEADER.encode(), stream.session_id.encode()),
             (protocol.RESUME_TOKEN_HEADER.encode(), stream.resume_token.encode()),
-            (RESUME_OFFSET_HEADER.encode(), str(pod.buffers.received(stream.slot)).encode()),
+            (protocol.RESUME_OFFSET_HEADER.encode(),
+             str(pod.buffers.received(stream.slot)).encode()),
         ])
     except OSError:  # the client left during the handshake: only a resumed stream waits
         pod.sessions.finish(stream, sessions.Outcome("dropped" if token else "clean"))

@@ -36,22 +36,25 @@ class FrameBuffer:
 
 def run_messages(engine: BatchedEngine, messages: Iterable[dict[str, Any]],
                  slot: int = 0) -> list[ev.Event]:
-    """Feed client messages to one slot until the last marker comes back."""
+    """Feed client messages to one slot and stop at the step where the last marker
+    comes back: a streaming client sees nothing after it."""
     engine.reset_slot(slot)
-    buffer, out, open_markers = FrameBuffer(), [], 0
+    buffer, out, markers_sent = FrameBuffer(), [], 0
     for message in messages:
         if message["type"] == "Marker":
             engine.add_marker(slot, message["id"], buffer.full_frames)
-            open_markers += 1
+            markers_sent += 1
             continue
         buffer.push(message["pcm"])
         while buffer.full_frames:
-            for event in engine.step({slot: buffer.pop_frame()}).events[slot]:
-                out.append(event)
-                open_markers -= isinstance(event, ev.Marker)
-        if open_markers == 0 and any(isinstance(e, ev.Marker) for e in out):
-            break
+            out += engine.step({slot: buffer.pop_frame()}).events[slot]
+            if markers_sent and _markers_in(out) == markers_sent:
+                return out
     return out
+
+
+def _markers_in(events: list[ev.Event]) -> int:
+    return sum(isinstance(event, ev.Marker) for event in events)
 
 
 def words_of(events: Iterable[ev.Event]) -> list[ev.Word | ev.EndWord]:

@@ -23,6 +23,10 @@ API_KEY_QUERY = "auth_id"
 POD_TOKEN_HEADER = "asrpool-pod-token"
 RESUME_TOKEN_HEADER = "asrpool-resume-token"
 SESSION_ID_HEADER = "asrpool-session-id"
+# Resume: the samples the pod had received (response), the messages the client had
+# received before the drop (request), so each side replays only what the other missed.
+RESUME_OFFSET_HEADER = "asrpool-resume-offset"
+RESUME_RECEIVED_HEADER = "asrpool-resume-received"
 
 # Kyutai's file client sends 1 s (24,000-sample) silences; leave ample room.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
