@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from asrpool.common import registry
 from tests.operator import emulator
-from tests.operator.polling import eventually
+from tests.support.polling import eventually
 
 NAMESPACE = emulator.NAMESPACE
 KINDS = {emulator.CONFIG_MAPS: "stt-config", emulator.DEPLOYMENTS: "stt",

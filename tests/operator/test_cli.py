@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from asrpool.operator import cli, settings
-from tests.operator import checks, emulator, polling
-from tests.support import redis_servers
+from tests.operator import checks, emulator
+from tests.support import polling, redis_servers
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -24,8 +24,8 @@ from kopf.testing import KopfRunner
 
 from asrpool.operator import handlers, naming, settings
 from tests.operator import schemas
-from tests.operator.polling import eventually
 from tests.support import redis_servers
+from tests.support.polling import eventually
 
 pytestmark = [
     pytest.mark.e2e,

@@ -9,8 +9,8 @@ from kopf.testing import KopfRunner
 
 from asrpool.operator import kube, naming
 from tests.operator import checks, emulator
-from tests.operator.polling import eventually
 from tests.support import redis_servers
+from tests.support.polling import eventually
 
 NS = emulator.NAMESPACE
 pytestmark = pytest.mark.timeout(90)

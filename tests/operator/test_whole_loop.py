@@ -28,8 +28,8 @@ from kopf.testing import KopfRunner
 from asrpool.common import registry
 from asrpool.operator import kube
 from tests.operator import checks, emulator, kubelet
-from tests.operator.polling import eventually
 from tests.support import kyutai_client, redis_servers
+from tests.support.polling import eventually
 from tests.support.ports import free_port
 
 NS = emulator.NAMESPACE

@@ -10,15 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.server import conftest, reference
-from tests.support import kyutai_client, redis_servers, servers
-
-
-async def _until(condition: object, timeout: float = 15.0) -> None:
-    assert callable(condition)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+from tests.support import kyutai_client, polling, redis_servers, servers
 
 
 async def test_sigterm_lets_open_streams_finish_then_exits_0(
@@ -30,11 +22,11 @@ async def test_sigterm_lets_open_streams_finish_then_exits_0(
             "--max-buffer-seconds", "1"]) as server:
         server.wait_ready()
         key = f"asrpool:pod:{server.pod_id}"
-        await _until(lambda: redis.hget(key, "draining") == "0")
+        await polling.until(lambda: redis.hget(key, "draining") == "0")
         async with await kyutai_client.connect(server.ws_url) as ws:
             await kyutai_client.expect(ws, "Ready")
             server.signal(signal.SIGTERM)
-            await _until(lambda: redis.hget(key, "draining") == "1")
+            await polling.until(lambda: redis.hget(key, "draining") == "1")
             assert server.http_status("/readyz") == 503
             async with await kyutai_client.connect(server.ws_url) as late:
                 error = await kyutai_client.expect(late, "Error")

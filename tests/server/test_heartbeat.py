@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -10,15 +9,7 @@ import redis.asyncio as aioredis
 
 from asrpool.common import registry
 from tests.server import conftest
-from tests.support import kyutai_client, redis_servers, servers
-
-
-async def _until(condition: object, timeout: float = 15.0) -> None:
-    assert callable(condition)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+from tests.support import kyutai_client, polling, redis_servers, servers
 
 
 async def test_heartbeat_follows_slots_and_expires_after_sigkill(
@@ -29,7 +20,7 @@ async def test_heartbeat_follows_slots_and_expires_after_sigkill(
             "--advertise-address", "10.0.0.7:8080"]) as server:
         server.wait_ready()
         key = registry.pod_key(server.pod_id)
-        await _until(lambda: redis.exists(key))
+        await polling.until(lambda: redis.exists(key))
         beat = registry.PodHeartbeat.from_hash(redis.hgetall(key))
         assert (beat.pool, beat.address, beat.total_slots, beat.free_slots, beat.draining,
                 beat.model) == ("blue", "10.0.0.7:8080", conftest.BATCH, conftest.BATCH,
@@ -43,12 +34,13 @@ async def test_heartbeat_follows_slots_and_expires_after_sigkill(
 
         async with await kyutai_client.connect(server.ws_url) as ws:
             await kyutai_client.expect(ws, "Ready")
-            await _until(lambda: free() == conftest.BATCH - 1)
-        await _until(lambda: free() == conftest.BATCH)
+            await polling.until(lambda: free() == conftest.BATCH - 1)
+        await polling.until(lambda: free() == conftest.BATCH)
 
         server.process.kill()  # type: ignore[union-attr]
         server.wait(10)
-        await _until(lambda: not redis.exists(key), timeout=registry.DEFAULT_LEASE_MS / 1000 + 5)
+        lease_s = registry.DEFAULT_LEASE_MS / 1000
+        await polling.until(lambda: not redis.exists(key), timeout=lease_s + 5)
         redis_async = aioredis.Redis.from_url(redis_server.url)
         assert await registry.read_pool(redis_async, "blue") == []
         await redis_async.aclose()
@@ -61,7 +53,7 @@ async def test_streaming_survives_a_redis_outage(
             "--redis-url", redis_server.url]) as server:
         server.wait_ready()
         key = registry.pod_key(server.pod_id)
-        await _until(lambda: redis.exists(key))
+        await polling.until(lambda: redis.exists(key))
         redis_server.kill()
         pcm = np.random.default_rng(4).standard_normal(24_000).astype(np.float32) * 0.3
         messages = await kyutai_client.transcribe(server.ws_url, pcm, short=True)
@@ -69,5 +61,5 @@ async def test_streaming_survives_a_redis_outage(
         assert server.http_status("/readyz") == 200
         redis_server.start()  # an empty Redis on the same port: the pod comes back
         redis = redis_server.client()
-        await _until(lambda: redis.exists(key))
+        await polling.until(lambda: redis.exists(key))
         assert "heartbeat to Redis failed" in server.log()

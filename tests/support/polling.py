@@ -21,3 +21,12 @@ async def eventually(check: Callable[[], T], timeout: float = DEADLINE_SECONDS) 
             if loop.time() > deadline:
                 raise
         await asyncio.sleep(0.05)
+
+
+async def until(condition: Callable[[], object], timeout: float = DEADLINE_SECONDS) -> None:
+    """Return once ``condition()`` is truthy; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
