@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 # The pod's 101 names how many samples of the stream it has received, so that a
 # resuming client knows where to continue; the router passes it on.
-RESUME_OFFSET_HEADER = "asrpool-resume-offset"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +102,7 @@ async def _first_frame(link: ws_client.ClientConnection, timeout: float) -> Outc
             first,
             pod_session_id=got.get(protocol.SESSION_ID_HEADER, ""),
             pod_resume_token=got.get(protocol.RESUME_TOKEN_HEADER, ""),
-            resume_offset=got.get(RESUME_OFFSET_HEADER, ""),
+            resume_offset=got.get(protocol.RESUME_OFFSET_HEADER, ""),
         )
     await link.close()
     return Refused(code or "internal", message or f"pod answered {kind!r}", first)

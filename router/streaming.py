@@ -56,7 +56,7 @@ def _extension_headers(token: tokens.ResumeToken, opened: pods.Opened) -> list[t
         (protocol.RESUME_TOKEN_HEADER, token.text),
     ]
     if opened.resume_offset:
-        out.append((pods.RESUME_OFFSET_HEADER, opened.resume_offset))
+        out.append((protocol.RESUME_OFFSET_HEADER, opened.resume_offset))
     return [(name.encode(), value.encode()) for name, value in out]
 
 
