@@ -89,7 +89,10 @@ class LocalPlatform:
             "serve", "--model", self.model, "--batch-size", str(self.slots_per_pod),
             "--host", HOST, "--port", str(port), "--redis-url", self.redis_url,
             "--pod-id", f"pod-{index}", "--advertise-address", f"{HOST}:{port}",
-            "--drain-grace-seconds", str(self.drain_grace)))
+            "--drain-grace-seconds", str(self.drain_grace),
+            # Several pods share this machine's cores: one torch thread each avoids
+            # oversubscription (and `transcribe --torch-threads 1` gives their exact words).
+            "--torch-threads", "1"))
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = self.workdir / f"{name}.log"

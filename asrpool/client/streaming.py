@@ -53,7 +53,7 @@ async def stream_messages(
     api_key: str | None = None,
     on_message: Callable[[dict[str, Any]], None] = lambda _: None,
     on_sent: Callable[[int], None] = lambda _: None,
-    timeout: float = 30.0,
+    timeout: float = 60.0,
 ) -> StreamResult:
     """Send ``messages`` paced at ``rtf`` x real time; return what came back."""
     headers = {protocol.API_KEY_HEADER: api_key} if api_key else {}
@@ -65,7 +65,7 @@ async def stream_messages(
             writer = asyncio.create_task(_send_paced(ws, messages, rtf, on_sent))
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if reader not in done:
-                await asyncio.wait_for(reader, timeout)
+                await _await_marker(reader, timeout)
             writer.cancel()
             return StreamResult(received, reader.result())
     except InvalidStatus as exc:
@@ -73,7 +73,16 @@ async def stream_messages(
     except InvalidURI as exc:
         raise StreamError(f"not a websocket URL: {url}") from exc
     except (OSError, TimeoutError) as exc:
-        raise StreamError(f"cannot connect to {url}: {exc.strerror or exc}") from exc
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise StreamError(f"cannot connect to {url}: {reason}") from exc
+
+
+async def _await_marker(reader: asyncio.Task[bool], timeout: float) -> None:
+    """All audio is sent; the marker must follow within ``timeout`` seconds."""
+    done, _ = await asyncio.wait({reader}, timeout=timeout)
+    if not done:
+        reader.cancel()
+        raise StreamError(f"no transcript end (marker) {timeout:g} s after the audio ended")
 
 
 def _status_message(status: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,7 +31,8 @@ def _asrpool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 
 
 def _transcribe_words(batch_size: int) -> list[str]:
-    result = _asrpool("transcribe", str(SAMPLE), "--json", "--batch-size", str(batch_size))
+    result = _asrpool("transcribe", str(SAMPLE), "--json", "--batch-size", str(batch_size),
+                      "--torch-threads", "1")  # as the local pods run
     assert result.returncode == 0, result.stderr
     return [m["text"] for m in map(json.loads, result.stdout.splitlines()) if m["type"] == "Word"]
 
@@ -105,8 +107,21 @@ def test_up_places_streams_per_policy_and_ctrl_c_leaves_nothing(
             time.sleep(0.1)
         assert not [pid for pid in tree if processes.alive(pid)]
     finally:
-        if up.process.poll() is None:
-            up.process.kill()
+        _stop_tree(up.process)
+
+
+def _stop_tree(process: subprocess.Popen[bytes]) -> None:
+    """Stop `asrpool up` as a user would; kill whatever it leaves (a failed test too)."""
+    tree = processes.descendants(process.pid)
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    for pid in tree:
+        if processes.alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_stream_reports_a_missing_file_in_one_line() -> None:
