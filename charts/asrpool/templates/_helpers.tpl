@@ -1,0 +1,135 @@
+{{/* Names. */}}
+{{- define "asrpool.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "asrpool.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else if contains (include "asrpool.name" .) .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "asrpool.name" .) | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* Labels: include "asrpool.labels" (list . "router") */}}
+{{- define "asrpool.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "asrpool.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "asrpool.labels" -}}
+{{- $root := index . 0 -}}
+{{ include "asrpool.selectorLabels" . }}
+app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version | replace "+" "_" }}
+{{- with $root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The labels the operator puts on every server pod (operator/naming.py). */}}
+{{- define "asrpool.serverPodLabels" -}}
+app.kubernetes.io/name: asrpool-server
+app.kubernetes.io/managed-by: asrpool-operator
+{{- end }}
+
+{{/* Images: include "asrpool.image" (list . .Values.images.control) */}}
+{{- define "asrpool.image" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+
+{{/* The namespaces that hold pools: the release namespace first, no duplicates. */}}
+{{- define "asrpool.poolNamespaces" -}}
+{{- prepend .Values.pools.namespaces .Release.Namespace | uniq | toJson }}
+{{- end }}
+
+{{/* Redis: the URL everything dials, with $(REDIS_PASSWORD) where a password is set. */}}
+{{- define "asrpool.redisUrl" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://%s-redis.%s.svc.cluster.local:6379/0" (include "asrpool.fullname" .) .Release.Namespace }}
+{{- else if .Values.redis.external.passwordSecret.name }}
+{{- regexReplaceAll "^(rediss?://)" .Values.redis.external.url "${1}:$(REDIS_PASSWORD)@" }}
+{{- else }}
+{{- .Values.redis.external.url }}
+{{- end }}
+{{- end }}
+
+{{/* Container env for Redis: the password (if any) first, so that $(REDIS_PASSWORD) expands. */}}
+{{- define "asrpool.redisEnv" -}}
+{{- if and (not .Values.redis.enabled) .Values.redis.external.passwordSecret.name }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.external.passwordSecret.name }}
+      key: {{ .Values.redis.external.passwordSecret.key }}
+{{- end }}
+- name: ASRPOOL_REDIS_URL
+  value: {{ include "asrpool.redisUrl" . | quote }}
+{{- end }}
+
+{{/* Secrets. */}}
+{{- define "asrpool.podTokenSecretName" -}}
+{{- default (printf "%s-pod-token" (include "asrpool.fullname" .)) .Values.auth.podToken.existingSecret }}
+{{- end }}
+
+{{- define "asrpool.apiKeysSecretName" -}}
+{{- default (printf "%s-api-keys" (include "asrpool.fullname" .)) .Values.auth.apiKeys.existingSecret }}
+{{- end }}
+
+{{- define "asrpool.operatorServiceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "asrpool.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Security: non-root, read-only root file system, no privileges. */}}
+{{- define "asrpool.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ . }}
+runAsGroup: {{ . }}
+fsGroup: {{ . }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "asrpool.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{/* Scheduling of a component: include "asrpool.scheduling" .Values.router */}}
+{{- define "asrpool.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "asrpool.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,126 @@
+"""Values that exercise every documented option of the chart, one scenario each.
+
+``test_values.py`` checks that together they change every leaf of values.yaml.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHA = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"  # sha256("password")
+SCHEDULING = {
+    "nodeSelector": {"pool": "cpu"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "asr",
+                     "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "names-and-images": {
+        "nameOverride": "speech",
+        "fullnameOverride": "speech",
+        "commonLabels": {"team": "speech"},
+        "images": {
+            "control": {"repository": "registry.example/asr/control", "tag": "1.2.3",
+                        "pullPolicy": "Always"},
+            "server": {"repository": "registry.example/asr/server", "tag": "1.2.3-cuda"},
+        },
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+    },
+    "namespaced-operator": {
+        "pools": {"namespaces": ["speech", "speech-eu"]},
+        "operator": {
+            "allNamespaces": False, "resyncSeconds": 30, "terminationMarginSeconds": 20,
+            "logLevel": "debug", "livenessPort": 9081,
+            "serviceAccount": {"create": True, "name": "asr-operator",
+                               "annotations": {"iam.example/role": "asr"}},
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+            "podAnnotations": {"example/owner": "platform"},
+            "priorityClassName": "system-cluster-critical",
+            **SCHEDULING,
+        },
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    },
+    "existing-service-account": {
+        "operator": {"serviceAccount": {"create": False, "name": "platform-operator"}},
+    },
+    "fixed-routers": {
+        "router": {
+            "replicas": 3, "policy": "spread", "queueTimeoutSeconds": 2.5,
+            "defaultPool": "stt-en", "resumeGraceSeconds": 60, "sessionLeaseMs": 6000,
+            "logLevel": "warning", "preStopSleepSeconds": 10,
+            "terminationGracePeriodSeconds": 20,
+            "autoscaling": {"enabled": False},
+            "podDisruptionBudget": {"enabled": False},
+            "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+            "podAnnotations": {"example/owner": "platform"},
+            "priorityClassName": "asr-routing",
+            **SCHEDULING,
+        },
+    },
+    "router-autoscaling": {
+        "router": {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 30,
+                                   "targetCPUUtilizationPercentage": 50}},
+    },
+    "ingress": {
+        "router": {
+            "service": {"type": "NodePort", "port": 8080,
+                        "annotations": {"example/lb": "internal"}},
+            "ingress": {"enabled": True, "className": "nginx", "host": "asr.example.org",
+                        "tlsSecretName": "asr-tls", "annotations": {
+                            "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"}},
+        },
+    },
+    "load-balancer": {"router": {"service": {"type": "LoadBalancer"}}},
+    "external-redis-with-password": {
+        "redis": {"enabled": False, "external": {
+            "url": "rediss://redis.example.internal:6380/2",
+            "passwordSecret": {"name": "redis-credentials", "key": "redis-password"}}},
+    },
+    "external-redis": {
+        "redis": {"enabled": False, "external": {"url": "redis://redis.example.internal:6379/0"}},
+    },
+    "builtin-redis-tuned": {
+        "redis": {
+            "image": {"repository": "mirror.example/redis", "tag": "7.4.2", "pullPolicy": "Always"},
+            "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}},
+            **SCHEDULING,
+        },
+    },
+    "api-keys": {
+        "auth": {"apiKeys": {"enabled": True, "secretKey": "clients.yaml", "keys": [
+            {"id": "team-a", "sha256": SHA, "max_streams": 8},
+            {"id": "team-b", "sha256": SHA.replace("5", "6")}]}},
+    },
+    "existing-secrets": {
+        "auth": {
+            "apiKeys": {"enabled": True, "existingSecret": "asr-keys"},
+            "podToken": {"existingSecret": "asr-pod-token", "secretKey": "value"},
+        },
+    },
+    "no-pod-token": {"auth": {"podToken": {"enabled": False}}},
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
+                               "interval": "30s"},
+            "dashboard": {"labels": {"grafana_dashboard": "asr"}, "namespace": "grafana"},
+        },
+        "networkPolicy": {"prometheus": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}},
+    },
+    "no-extras": {
+        "networkPolicy": {"enabled": False},
+        "metrics": {"dashboard": {"enabled": False}},
+    },
+    "example-pool": {
+        "examplePool": {"enabled": True, "name": "stt-first", "model": "kyutai/stt-2.6b-en",
+                        "slots": 64, "slotsPerPod": 32, "gpus": 2},
+    },
+    "example-pool-cpu": {
+        "examplePool": {"enabled": True, "model": "tiny", "gpus": 0},
+        "auth": {"podToken": {"enabled": False}},
+    },
+}

@@ -1,0 +1,138 @@
+"""The commands, flags and ``ASRPOOL_*`` variables in the rendered manifests are the ones
+the code reads: parsed by the real ``asrpool`` parser and loaded into the real settings
+classes through the same functions the commands use. The server pods are the
+operator's: the operator, configured as the chart configures it, builds them here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asrpool.operator import children, pools
+from asrpool.operator import cli as operator_cli
+from asrpool.operator import settings as operator_settings
+from asrpool.router import app as router_app
+from asrpool.router import cli as router_cli
+from asrpool.router import settings as router_settings
+from asrpool.server import settings as server_settings
+from tests.chart import rendering
+from tests.chart.containers import Environ, check_fields, parse, resolve_env
+from tests.chart.scenarios import SCENARIOS
+
+
+def operator_from(scenario: str, environ: Environ) -> tuple[operator_settings.OperatorSettings,
+                                                          dict[str, Any]]:
+    manifests = rendering.render(SCENARIOS[scenario])
+    container = rendering.container(rendering.deployment(manifests, "operator"))
+    env = resolve_env(container)
+    check_fields(env, operator_settings.OperatorSettings)
+    args = parse(container)
+    assert args.command == "operator"
+    environ(env)
+    return operator_cli.load_settings(args), container
+
+
+def router_from(scenario: str, environ: Environ) -> tuple[router_settings.RouterSettings,
+                                                      dict[str, Any]]:
+    manifests = rendering.render(SCENARIOS[scenario])
+    container = rendering.container(rendering.deployment(manifests, "router"))
+    env = resolve_env(container)
+    check_fields(env, router_settings.RouterSettings)
+    args = parse(container)
+    assert args.command == "route"
+    environ(env)
+    config: router_settings.RouterSettings = router_cli.settings_from(args)
+    return config, container
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_operator_reads_its_rendered_command_and_environment(
+    scenario: str, environ: Environ
+) -> None:
+    config, container = operator_from(scenario, environ)
+    values = rendering.chart().merge_values(SCENARIOS[scenario])
+    image = values["images"]["server"]
+    assert config.default_image == f"{image['repository']}:{image['tag'] or '0.1.0'}"
+    assert config.all_namespaces == values["operator"]["allNamespaces"]
+    assert config.termination_margin_seconds == values["operator"]["terminationMarginSeconds"]
+    assert config.log_level == values["operator"]["logLevel"]
+    probe = container["livenessProbe"]["httpGet"]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}[probe["port"]]
+    assert config.liveness_endpoint == f"http://0.0.0.0:{port}{probe['path']}"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_router_reads_its_rendered_command_and_environment(
+    scenario: str, environ: Environ
+) -> None:
+    config, container = router_from(scenario, environ)
+    values = rendering.chart().merge_values(SCENARIOS[scenario])["router"]
+    assert config.policy == values["policy"]
+    assert config.default_pool == values["defaultPool"]
+    assert config.resume_grace_s == values["resumeGraceSeconds"]
+    assert config.port == container["ports"][0]["containerPort"]
+    assert config.router_id == "from-metadata.name"
+
+
+def test_the_router_probes_and_the_operator_redis_are_real(environ: Environ) -> None:
+    config, container = router_from("defaults", environ)
+    paths = {getattr(route, "path", None) for route in router_app.create_app(config).routes}
+    assert {container["readinessProbe"]["httpGet"]["path"],
+            container["livenessProbe"]["httpGet"]["path"]} <= paths
+    assert config.redis_url == "redis://demo-asrpool-redis.asr-system.svc.cluster.local:6379/0"
+
+
+def test_an_external_redis_password_comes_from_its_secret(environ: Environ) -> None:
+    config, _ = router_from("external-redis-with-password", environ)
+    assert config.redis_url == (
+        "rediss://:secret-redis-credentials-redis-password@redis.example.internal:6380/2")
+    operator, _ = operator_from("external-redis-with-password", environ)
+    assert operator.redis_url == config.redis_url
+
+
+def test_api_keys_reach_the_router_as_the_file_it_loads(environ: Environ) -> None:
+    config, container = router_from("api-keys", environ)
+    mount = container["volumeMounts"][0]["mountPath"]
+    assert str(config.api_keys_file) == f"{mount}/clients.yaml"
+    secret = rendering.one(rendering.render(SCENARIOS["api-keys"]), "Secret",
+                           "demo-asrpool-api-keys")
+    assert set(secret["stringData"]) == {"clients.yaml"}
+
+
+def test_the_api_key_secret_is_the_format_the_router_loads(tmp_path: Any) -> None:
+    from asrpool.common import auth
+
+    secret = rendering.one(rendering.render(SCENARIOS["api-keys"]), "Secret",
+                           "demo-asrpool-api-keys")
+    path = tmp_path / "clients.yaml"
+    path.write_text(secret["stringData"]["clients.yaml"])
+    ring = auth.load_keys(path)
+    assert [(k.id, k.max_streams) for k in ring.keys] == [("team-a", 8), ("team-b", None)]
+    assert ring.find("password") is not None and ring.find("hunter2") is None
+
+
+def test_the_server_pods_the_operator_builds_read_their_command_and_environment(
+    environ: Environ,
+) -> None:
+    """The chart configures the operator; the operator builds the server pods."""
+    config, _ = operator_from("example-pool", environ)
+    manifest = rendering.one(rendering.render(SCENARIOS["example-pool"]), "StreamingASRPool")
+    # Every optional variable too: a model revision and API keys on the pods.
+    manifest["spec"]["model"]["revision"] = "main"
+    manifest["spec"]["auth"]["apiKeysSecret"] = {"name": "keys"}
+    pool = pools.from_body(manifest)
+    built = children.build_all(pool, config)
+    config_map = next(c for c in built if c["kind"] == "ConfigMap")
+    server = rendering.container(next(c for c in built if c["kind"] == "Deployment"))
+    args = parse(server)
+    assert args.command == "serve"
+    env = {**config_map["data"], **resolve_env(server)}
+    check_fields(env, server_settings.ServerSettings)
+    environ(env)
+    loaded = server_settings.ServerSettings()
+    assert loaded.pool == "stt-first" and loaded.batch_size == 32
+    assert loaded.redis_url == config.server_redis_url
+    assert loaded.pod_token == "secret-demo-asrpool-pod-token-token"
+    assert {"ASRPOOL_MODEL_REVISION", "ASRPOOL_API_KEYS_FILE"} <= set(env)
+    assert server["image"] == config.default_image == "ghcr.io/asrpool/asrpool:0.1.0"

@@ -1,0 +1,201 @@
+"""The chart's selectors match what the operator really builds: the NetworkPolicies
+pick its server pods and let the router's pods in; the ServiceMonitor picks its
+Services; the dashboard queries metrics the server and router really export."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import textwrap
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from asrpool.operator import children, naming, pools
+from asrpool.operator import settings as operator_settings
+from asrpool.router import metrics as router_metrics
+from asrpool.server import metrics as server_metrics
+from tests.chart import rendering
+from tests.chart.scenarios import SCENARIOS
+
+
+def built_children(namespace: str = "speech") -> dict[str, dict[str, Any]]:
+    pool = pools.from_body({"metadata": {"name": "stt-en", "namespace": namespace},
+                            "spec": {"model": {"name": "kyutai/stt-2.6b-en"}, "slots": 16}})
+    config = operator_settings.OperatorSettings(all_namespaces=True)
+    return {child["kind"]: child for child in children.build_all(pool, config)}
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, "only matchLabels selectors are checked here"
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def pod_labels(manifests: list[rendering.Manifest], component: str) -> dict[str, str]:
+    labels: dict[str, str] = rendering.deployment(manifests, component)["spec"]["template"][
+        "metadata"]["labels"]
+    return labels
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "namespaced-operator", "names-and-images"])
+def test_only_routers_and_prometheus_reach_server_pods_in_every_pool_namespace(
+    scenario: str,
+) -> None:
+    manifests = rendering.render(SCENARIOS[scenario])
+    values = rendering.chart().merge_values(SCENARIOS[scenario])
+    policies = [p for p in rendering.find(manifests, "NetworkPolicy")
+                if p["metadata"]["labels"]["app.kubernetes.io/component"] == "server"]
+    assert [p["metadata"]["namespace"] for p in policies] == [
+        rendering.NAMESPACE, *values["pools"]["namespaces"]]
+    for policy in policies:
+        server = built_children(policy["metadata"]["namespace"])["Deployment"]["spec"]["template"]
+        assert selects(policy["spec"]["podSelector"], server["metadata"]["labels"])
+        (rule,) = policy["spec"]["ingress"]
+        assert [p["port"] for p in rule["ports"]] == [operator_settings.SERVER_PORT]
+        router_peer, prometheus_peer = rule["from"]
+        assert selects(router_peer["podSelector"], pod_labels(manifests, "router"))
+        assert not selects(router_peer["podSelector"], pod_labels(manifests, "operator"))
+        assert router_peer["namespaceSelector"] == {
+            "matchLabels": {"kubernetes.io/metadata.name": rendering.NAMESPACE}}
+        assert prometheus_peer["namespaceSelector"] == values["networkPolicy"]["prometheus"][
+            "namespaceSelector"]
+
+
+def test_redis_admits_the_router_the_operator_and_server_pods() -> None:
+    manifests = rendering.render()
+    policy = rendering.one(manifests, "NetworkPolicy", "demo-asrpool-redis")
+    redis = rendering.one(manifests, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert selects(policy["spec"]["podSelector"], redis)
+    peers = policy["spec"]["ingress"][0]["from"]
+    server = built_children()["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    for labels in (pod_labels(manifests, "router"), pod_labels(manifests, "operator"), server):
+        assert any(selects(peer["podSelector"], labels) for peer in peers)
+
+
+def test_the_server_service_monitor_picks_the_operators_services_and_labels_the_pool() -> None:
+    manifests = rendering.render(SCENARIOS["monitoring"])
+    monitor = rendering.one(manifests, "ServiceMonitor", "demo-asrpool-server")
+    service = built_children()["Service"]
+    assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    label = "__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", naming.POOL_LABEL)
+    assert {"sourceLabels": [label], "targetLabel": "pool"} in endpoint["relabelings"]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+
+
+def test_the_router_service_monitor_picks_the_router_service() -> None:
+    manifests = rendering.render(SCENARIOS["monitoring"])
+    monitor = rendering.one(manifests, "ServiceMonitor", "demo-asrpool-router")
+    service = rendering.one(manifests, "Service", "demo-asrpool-router")
+    assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def exported_metrics() -> set[str]:
+    """Names the server and router really export (each histogram and counter series)."""
+    texts = [server_metrics.ServerMetrics().exposition(), router_metrics.Metrics().exposition()]
+    names: set[str] = set()
+    for text in texts:
+        for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text.decode(), re.MULTILINE):
+            if kind == "counter":
+                names.add(name.removesuffix("_total") + "_total")
+            elif kind == "histogram":
+                names |= {name + suffix for suffix in ("_bucket", "_sum", "_count")}
+            else:
+                names.add(name)
+    return names
+
+
+def test_the_dashboard_shows_the_pools_from_metrics_that_exist() -> None:
+    manifests = rendering.render()
+    config_map = rendering.one(manifests, "ConfigMap", "demo-asrpool-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["asrpool.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(asr\w+)\b", e)}
+    assert used and used <= exported_metrics()
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Slots", "Free slots", "Active streams", "Step time", "Step lag"} <= titles
+    assert all("by (pool" in e for e in exprs if "router_rejections" not in e)
+
+
+def test_the_pod_token_is_one_value_in_every_pool_namespace_and_pools_name_it() -> None:
+    values = {**SCENARIOS["namespaced-operator"], "examplePool": {"enabled": True}}
+    manifests = rendering.render(values)
+    secrets = rendering.find(manifests, "Secret", "demo-asrpool-pod-token")
+    assert [s["metadata"]["namespace"] for s in secrets] == [
+        rendering.NAMESPACE, "speech", "speech-eu"]
+    assert len({s["data"]["token"] for s in secrets}) == 1
+    assert len(base64.b64decode(secrets[0]["data"]["token"])) == 48
+    router = rendering.container(rendering.deployment(manifests, "router"))
+    ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_POD_TOKEN")["valueFrom"]
+    assert ref == {"secretKeyRef": {"name": "demo-asrpool-pod-token", "key": "token"}}
+    pool = pools.from_body(rendering.one(manifests, "StreamingASRPool"))
+    assert pool.pod_token == pools.SecretKey("demo-asrpool-pod-token", "token")
+
+
+def test_an_existing_pod_token_secret_is_used_and_none_is_made() -> None:
+    manifests = rendering.render(SCENARIOS["existing-secrets"])
+    assert [s["metadata"]["name"] for s in rendering.find(manifests, "Secret")] == []
+    router = rendering.container(rendering.deployment(manifests, "router"))
+    ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_POD_TOKEN")["valueFrom"]
+    assert ref == {"secretKeyRef": {"name": "asr-pod-token", "key": "value"}}
+    volume = rendering.deployment(manifests, "router")["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["secret"]["secretName"] == "asr-keys"
+
+
+def test_the_router_hpa_owns_the_replica_count_when_on() -> None:
+    scaled = rendering.render()
+    assert "replicas" not in rendering.deployment(scaled, "router")["spec"]
+    hpa = rendering.one(scaled, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == rendering.deployment(scaled, "router")[
+        "metadata"]["name"]
+    fixed = rendering.render(SCENARIOS["fixed-routers"])
+    assert rendering.deployment(fixed, "router")["spec"]["replicas"] == 3
+    assert rendering.find(fixed, "HorizontalPodAutoscaler") == []
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "ingress", "load-balancer"])
+def test_the_notes_give_a_url_the_router_serves(scenario: str) -> None:
+    from asrpool.router import app, settings
+
+    notes = rendering.render_files(SCENARIOS[scenario])["asrpool/templates/NOTES.txt"]
+    urls = re.findall(r"URL: wss?://\S+?(/\S+)", notes)
+    assert urls, notes
+    routes = {getattr(r, "path", "") for r in app.create_app(settings.RouterSettings()).routes}
+    for path in urls:
+        assert any(re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", route), path)
+                   for route in routes), f"the router serves no {path}"
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "no-pod-token"])
+def test_the_pool_the_notes_suggest_is_valid_and_names_the_charts_pod_token(
+    scenario: str,
+) -> None:
+    notes = rendering.render_files(SCENARIOS[scenario])["asrpool/templates/NOTES.txt"]
+    block = notes.split("-f -\n", 1)[1].split("\n  YAML", 1)[0]
+    body = yaml.safe_load(textwrap.dedent(block))
+    jsonschema.Draft7Validator(pool_crd_schema()).validate(body)
+    pool = pools.from_body(body)
+    if SCENARIOS[scenario]:
+        assert pool.pod_token is None
+    else:
+        assert pool.pod_token == pools.SecretKey("demo-asrpool-pod-token", "token")
+    assert f"/pools/{pool.name}/api/asr-streaming" in notes
+
+
+def test_the_notes_point_at_the_example_pool_when_there_is_one() -> None:
+    notes = rendering.render_files(SCENARIOS["example-pool"])["asrpool/templates/NOTES.txt"]
+    assert "kubectl apply" not in notes
+    assert "ws://127.0.0.1:8080/pools/stt-first/api/asr-streaming" in notes
+
+
+def pool_crd_schema() -> dict[str, Any]:
+    crd = rendering.load_yaml(rendering.ROOT / "crds" / "streamingasrpools.asrpool.io.yaml")[0]
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
