@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 
 import redis
 from starlette import responses
@@ -69,18 +70,25 @@ async def _start(
     token = tokens.mint(tokens.new_session_id())
     request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
     started = time.perf_counter()
-    try:
-        placed = await placing.place(request, deps)
-    except redis.RedisError as exc:
-        deps.meters.redis_errors.labels("admit").inc()
-        log.warning("admission failed, Redis unreachable: %s", exc)
-        placed = refusals.unavailable()
+    placed = await _placed_or_unavailable(placing.place(request, deps), "admit", deps)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)
         return
     deps.meters.admission_seconds.observe(time.perf_counter() - started)
     deps.meters.admissions.labels(pool, "new").inc()
     await run(ws, token, placed[0], placed[1], deps)
+
+
+async def _placed_or_unavailable(
+    placing_call: Awaitable[placing.Placed | refusals.Refusal], what: str, deps: wiring.Deps
+) -> placing.Placed | refusals.Refusal:
+    """Admission or resume; Redis unreachable is a clear refusal, never an exception."""
+    try:
+        return await placing_call
+    except redis.RedisError as exc:
+        deps.meters.redis_errors.labels(what).inc()
+        log.warning("%s failed, Redis unreachable: %s", what, exc)
+        return refusals.unavailable()
 
 
 async def _resume(
@@ -91,12 +99,7 @@ async def _resume(
         await refuse(ws, refusals.bad_resume_token(), deps)
         return
     request = admissions.Request("", key.id, 0, token, conn)
-    try:
-        placed = await placing.resume(request, deps)
-    except redis.RedisError as exc:
-        deps.meters.redis_errors.labels("resume").inc()
-        log.warning("resume failed, Redis unreachable: %s", exc)
-        placed = refusals.unavailable()
+    placed = await _placed_or_unavailable(placing.resume(request, deps), "resume", deps)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)
         return
