@@ -83,11 +83,25 @@ def build_deployment(pool: pools.Pool, config: settings.OperatorSettings, digest
     }
 
 
+SERVER_USER = 10001  # the server image's user (docker/server.Dockerfile)
+
+
+def pod_security() -> Child:
+    """The "restricted" Pod Security Standard, pod part."""
+    return {"runAsNonRoot": True, "runAsUser": SERVER_USER, "runAsGroup": SERVER_USER,
+            "fsGroup": SERVER_USER, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security() -> Child:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def build_pod_template(pool: pools.Pool, config: settings.OperatorSettings, digest: str) -> Child:
     spec: Child = {
         "terminationGracePeriodSeconds": termination_grace(pool, config),
         "containers": [build_container(pool, config)],
         "enableServiceLinks": False,
+        "securityContext": pod_security(),
     }
     spec.update(_placement(pool))
     if pool.api_keys is not None:
@@ -119,6 +133,7 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=2, failures=1),
         "resources": build_resources(pool),
+        "securityContext": container_security(),
     }
     if pool.api_keys is not None:
         container["volumeMounts"] = [{"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True}]

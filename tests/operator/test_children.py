@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -157,3 +158,17 @@ def test_every_child_of_every_example_is_valid_kubernetes() -> None:
         document["metadata"].setdefault("namespace", "default")
         for child in children.build_all(pools.from_body(document), CONFIG):
             kubernetes_validate.validate(child, "1.30.0", strict=True)
+
+
+def test_server_pods_meet_the_restricted_pod_security_standard() -> None:
+    spec = deployment()["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == children.SERVER_USER
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container()["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_the_server_user_is_the_images_user() -> None:
+    dockerfile = (Path(__file__).resolve().parents[2] / "docker" / "server.Dockerfile").read_text()
+    assert f"USER {children.SERVER_USER}:{children.SERVER_USER}" in dockerfile
