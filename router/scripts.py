@@ -22,6 +22,11 @@ local function count(key, until_ms, sid)
   redis.call('ZADD', key, until_ms, sid)
   keep(key, until_ms - now)
 end
+-- count a session against its pod and, when it has one, its API key
+local function hold(pod, key_id, until_ms, sid)
+  count(P .. ':pod:' .. pod .. ':sessions', until_ms, sid)
+  if key_id ~= '' then count(P .. ':apikey:' .. key_id .. ':sessions', until_ms, sid) end
+end
 """
 
 # The load of one pod, mirroring policies.effective_used. Returns nil for a pod whose
@@ -141,8 +146,7 @@ redis.call('HSET', skey, 'state', 'attached', 'pod_resume_token', ARGV[4],
   'pod_session_id', ARGV[5])
 redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
 local until_ms = now + tonumber(ARGV[3])
-count(P .. ':pod:' .. h[1] .. ':sessions', until_ms, ARGV[1])
-if h[2] ~= '' then count(P .. ':apikey:' .. h[2] .. ':sessions', until_ms, ARGV[1]) end
+hold(h[1], h[2], until_ms, ARGV[1])
 return 1
 """
 )
@@ -165,8 +169,7 @@ if not owner then  -- Redis lost the record (a restart): write it again
   redis.call('HSET', skey, 'conn', conn, unpack(fields))
 end
 redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
-count(P .. ':pod:' .. pod .. ':sessions', deadline, sid)
-if key_id ~= '' then count(P .. ':apikey:' .. key_id .. ':sessions', deadline, sid) end
+hold(pod, key_id, deadline, sid)
 if redis.call('EXISTS', P .. ':pod:' .. pod) == 0 then return 2 end
 return 1
 """
@@ -195,8 +198,7 @@ if h[1] ~= ARGV[2] then return 0 end
 local until_ms = now + tonumber(ARGV[3])
 redis.call('HSET', skey, 'conn', '', 'state', 'detached')
 redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
-count(P .. ':pod:' .. h[2] .. ':sessions', until_ms, ARGV[1])
-if h[3] ~= '' then count(P .. ':apikey:' .. h[3] .. ':sessions', until_ms, ARGV[1]) end
+hold(h[2], h[3], until_ms, ARGV[1])
 return 1
 """
 )
@@ -216,8 +218,7 @@ if redis.call('EXISTS', P .. ':pod:' .. h[2]) == 0 then return {'pod_gone'} end
 local deadline = now + tonumber(ARGV[5])
 redis.call('HSET', skey, 'conn', ARGV[4], 'router', ARGV[6], 'state', 'resuming')
 redis.call('PEXPIRE', skey, tonumber(ARGV[5]))
-count(P .. ':pod:' .. h[2] .. ':sessions', deadline, ARGV[1])
-if h[4] ~= '' then count(P .. ':apikey:' .. h[4] .. ':sessions', deadline, ARGV[1]) end
+hold(h[2], h[4], deadline, ARGV[1])
 return {'ok', h[2], h[3], h[5], h[6], h[7]}
 """
 )
