@@ -5,6 +5,7 @@ operator's: the operator, configured as the chart configures it, builds them her
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
@@ -21,27 +22,30 @@ from tests.chart.containers import Environ, check_fields, parse, resolve_env
 from tests.chart.scenarios import SCENARIOS
 
 
+def _rendered(scenario: str, deployment: str, settings_class: type, command: str,
+              environ: Environ) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The Deployment's container, its env checked against ``settings_class`` and set."""
+    manifests = rendering.render(SCENARIOS[scenario])
+    container = rendering.container(rendering.deployment(manifests, deployment))
+    env = resolve_env(container)
+    check_fields(env, settings_class)
+    args = parse(container)
+    assert args.command == command
+    environ(env)
+    return args, container
+
+
 def operator_from(scenario: str, environ: Environ) -> tuple[operator_settings.OperatorSettings,
                                                           dict[str, Any]]:
-    manifests = rendering.render(SCENARIOS[scenario])
-    container = rendering.container(rendering.deployment(manifests, "operator"))
-    env = resolve_env(container)
-    check_fields(env, operator_settings.OperatorSettings)
-    args = parse(container)
-    assert args.command == "operator"
-    environ(env)
+    args, container = _rendered(scenario, "operator", operator_settings.OperatorSettings,
+                                "operator", environ)
     return operator_cli.load_settings(args), container
 
 
 def router_from(scenario: str, environ: Environ) -> tuple[router_settings.RouterSettings,
                                                       dict[str, Any]]:
-    manifests = rendering.render(SCENARIOS[scenario])
-    container = rendering.container(rendering.deployment(manifests, "router"))
-    env = resolve_env(container)
-    check_fields(env, router_settings.RouterSettings)
-    args = parse(container)
-    assert args.command == "route"
-    environ(env)
+    args, container = _rendered(scenario, "router", router_settings.RouterSettings, "route",
+                                environ)
     config: router_settings.RouterSettings = router_cli.settings_from(args)
     return config, container
 
