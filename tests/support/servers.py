@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.ports import free_port
+from asrpool.common.processes import free_port
 
 
 class ServerProcess:

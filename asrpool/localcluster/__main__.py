@@ -1,0 +1,96 @@
+"""``python -m asrpool.localcluster --kubeconfig FILE [--nodes N] [--gpus-per-node G]``.
+
+Starts the control plane and the node agent, writes an admin kubeconfig to FILE, prints
+``ready`` once every node is Ready, and on SIGINT or SIGTERM stops everything (pods
+first, then the scheduler, the controllers, the API server and etcd) and removes its
+files. ``tools/cluster/up`` builds the binaries first and runs this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from asrpool.common import processes
+from asrpool.localcluster import agent, controlplane, nodes
+
+READY_TIMEOUT = 120.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tools/cluster/up",
+        description="A real Kubernetes control plane on loopback, with local nodes.")
+    parser.add_argument("--kubeconfig", required=True, type=Path,
+                        help="where to write the admin kubeconfig")
+    parser.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1)")
+    parser.add_argument("--gpus-per-node", type=int, default=0,
+                        help="allocatable nvidia.com/gpu of each node (default 0)")
+    parser.add_argument("--bin-dir", type=Path, required=True,
+                        help="the folder of the binaries tools/cluster/build made")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep files (logs, etcd, pods) here instead of a temporary folder")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 1 <= args.nodes <= 200 or args.gpus_per_node < 0:
+        print("tools/cluster/up: --nodes must be 1..200 and --gpus-per-node at least 0",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    _on_signals(stop)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="asrpool-cluster-"))
+    shapes = [nodes.NodeShape(f"node-{i}", i, args.gpus_per_node) for i in range(args.nodes)]
+    plane: controlplane.ControlPlane | None = None
+    node_agent: agent.NodeAgent | None = None
+    failed = False
+    try:
+        plane = controlplane.ControlPlane(controlplane.Binaries.find(args.bin_dir), workdir)
+        access = plane.start()
+        args.kubeconfig.write_text(access.kubeconfig())
+        node_agent = agent.NodeAgent(access, shapes, workdir)
+        node_agent.start()
+        processes.wait_until(node_agent.nodes_ready, READY_TIMEOUT, "the nodes")
+        print("ready", flush=True)
+        while not stop.wait(1.0):
+            plane.check_alive()
+    except processes.StartError as exc:
+        failed = True
+        print(f"tools/cluster/up: {exc} (logs kept: {workdir / 'logs'})", file=sys.stderr)
+        return 1
+    finally:
+        _block_signals()
+        if node_agent is not None:
+            node_agent.stop()
+        if plane is not None:
+            plane.stop()
+        if args.workdir is None and not failed:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _on_signals(stop: threading.Event) -> None:
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handle)
+
+
+def _block_signals() -> None:
+    """A second signal while stopping must not cut the stop short."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

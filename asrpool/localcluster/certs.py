@@ -1,0 +1,53 @@
+"""Keys and certificates for a local control plane, made with the ``openssl`` command."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
+
+DAYS = "3650"
+
+
+@dataclasses.dataclass(frozen=True)
+class Certificates:
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    service_account_key: Path
+    service_account_public: Path
+
+
+def make(directory: Path) -> Certificates:
+    """A CA, an API-server serving certificate for 127.0.0.1, a service-account key pair."""
+    if shutil.which("openssl") is None:
+        raise RuntimeError("the openssl command is not on PATH (Debian package openssl)")
+    directory.mkdir(parents=True, exist_ok=True)
+    certs = Certificates(*(directory / name for name in (
+        "ca.crt", "apiserver.crt", "apiserver.key", "sa.key", "sa.pub")))
+    ca_key = directory / "ca.key"
+    _openssl("genrsa", "-out", str(ca_key), "2048")
+    _openssl("req", "-x509", "-new", "-key", str(ca_key), "-days", DAYS,
+             "-subj", "/CN=asrpool-local-ca", "-out", str(certs.ca_cert))
+    _openssl("genrsa", "-out", str(certs.serving_key), "2048")
+    request = directory / "apiserver.csr"
+    _openssl("req", "-new", "-key", str(certs.serving_key), "-subj", "/CN=kube-apiserver",
+             "-out", str(request))
+    extensions = directory / "apiserver.ext"
+    extensions.write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(certs.ca_cert),
+             "-CAkey", str(ca_key), "-CAcreateserial", "-days", DAYS,
+             "-extfile", str(extensions), "-out", str(certs.serving_cert))
+    _openssl("genrsa", "-out", str(certs.service_account_key), "2048")
+    _openssl("rsa", "-in", str(certs.service_account_key), "-pubout",
+             "-out", str(certs.service_account_public))
+    return certs
+
+
+def _openssl(*args: str) -> None:
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"openssl {args[0]} failed: {result.stderr.strip()}")

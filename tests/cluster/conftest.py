@@ -1,0 +1,93 @@
+"""One real control plane (``tools/cluster/up``) for the whole test session.
+
+The binaries are built by ``tools/cluster/build`` (``make test`` runs it first). Without
+a Go toolchain and without built binaries these tests skip with one line saying why;
+under CI (``CI=true``) that is a failure instead, so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from tests.cluster.clusters import Cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "tools" / "cluster"
+START_TIMEOUT = 240.0
+STOP_TIMEOUT = 60.0
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the control-plane tests, but: {reason}")
+    pytest.skip(reason)
+
+
+def _build() -> Path:
+    result = subprocess.run([str(TOOLS / "build")], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        _unavailable(result.stderr.strip().splitlines()[-1] if result.stderr.strip()
+                     else "tools/cluster/build failed")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        lines.put(line.strip())
+    lines.put("")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    bin_dir = _build()
+    workdir = tmp_path_factory.mktemp("cluster")
+    kubeconfig = workdir / "kubeconfig"
+    stderr = (workdir / "up.log").open("wb")
+    process = subprocess.Popen(
+        [str(TOOLS / "up"), "--kubeconfig", str(kubeconfig), "--nodes", "2",
+         "--gpus-per-node", "2", "--workdir", str(workdir / "state")],
+        stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
+    try:
+        line = lines.get(timeout=START_TIMEOUT)
+    except queue.Empty:
+        line = "(no answer)"
+    if line != "ready":
+        process.kill()
+        process.wait()
+        log = (workdir / "up.log").read_text(errors="replace").strip().splitlines()
+        pytest.fail(f"tools/cluster/up did not print ready: {log[-1:] or line}")
+    try:
+        yield Cluster(kubeconfig, bin_dir / "kubectl", workdir / "state")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        stderr.close()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted after it (with everything in it)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    core.create_namespace({"metadata": {"name": name}})
+    cluster.wait_for_service_account(name)
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
