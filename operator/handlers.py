@@ -50,10 +50,13 @@ def configure(kopf_settings: kopf.OperatorSettings) -> None:
 
 
 def _register_lifecycle(registry: kopf.OperatorRegistry, config: settings.OperatorSettings) -> None:
-    if config.kube_api_url:
-        @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """A plain URL when one is set, else the kubernetes client's own credentials
+        (in-cluster, else kubeconfig): a plain registry has no login handlers of its own."""
+        if config.kube_api_url:
             return kopf.ConnectionInfo(server=str(config.kube_api_url))
+        return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:

@@ -23,6 +23,7 @@ from tests.cluster.clusters import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools" / "cluster"
+CRD_PATH = ROOT / "crds" / "streamingasrpools.asrpool.io.yaml"
 START_TIMEOUT = 240.0
 STOP_TIMEOUT = 60.0
 
@@ -91,3 +92,11 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         yield name
     finally:
         core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> None:
+    """The CRD as shipped, applied once and established."""
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/streamingasrpools.asrpool.io")

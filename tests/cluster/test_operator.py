@@ -1,0 +1,139 @@
+"""The CRD and the operator against the real control plane.
+
+What only a real API server shows: it applies the CRD's defaults, its structural schema
+and CEL rules; ``kubectl scale`` goes through the scale subresource to ``spec.slots``; the
+status subresource takes the operator's status; the printer columns render in ``kubectl
+get``; and the garbage collector removes a deleted pool's children. The operator runs in
+the test process here (kopf with the admin kubeconfig); the chart tests run it as a pod
+under its own service account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kopf
+import kubernetes
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+from asrpool.operator import handlers, naming, settings
+from tests.cluster.clusters import Cluster
+from tests.operator import schemas
+from tests.support import redis_servers
+from tests.support.polling import eventually
+
+pytestmark = pytest.mark.timeout(300)
+TIMEOUT = 90.0
+
+
+@pytest.fixture
+async def operator(cluster: Cluster, namespace: str, redis_server: redis_servers.RedisServer,
+                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KopfRunner]:
+    # kopf's login and the operator's client read the kubeconfig's default path, which
+    # the kubernetes package took from KUBECONFIG when it was imported.
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
+                        str(cluster.kubeconfig))
+    config = settings.OperatorSettings(namespaces=[namespace], redis_url=redis_server.url,
+                                       resync_seconds=2.0)
+    runner = KopfRunner(["run", "--standalone", "--namespace", namespace],
+                        registry=handlers.build_registry(config), settings=kopf.OperatorSettings(),
+                        timeout=60)
+    await asyncio.to_thread(runner.__enter__)
+    try:
+        yield runner
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+def pools(cluster: Cluster) -> kubernetes.client.CustomObjectsApi:
+    return kubernetes.client.CustomObjectsApi(cluster.api)
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{naming.GROUP}/{naming.VERSION}", "kind": naming.KIND,
+            "metadata": {"name": name},
+            "spec": {"model": {"name": "kyutai/stt-1b-en_fr"}, "slots": 16, **spec}}
+
+
+def create(cluster: Cluster, namespace: str, body: dict[str, Any]) -> Any:
+    return pools(cluster).create_namespaced_custom_object(
+        naming.GROUP, naming.VERSION, namespace, naming.PLURAL, body)
+
+
+def test_the_api_server_fills_in_the_crds_defaults(crd: None, cluster: Cluster,
+                                                   namespace: str) -> None:
+    created = create(cluster, namespace, manifest("defaults"))
+    assert created["spec"]["slotsPerPod"] == 8
+    assert created["spec"]["resources"] == {"gpus": 1, "gpuResourceName": "nvidia.com/gpu"}
+
+
+@pytest.mark.parametrize("path", schemas.BAD_POOLS, ids=lambda path: path.stem)
+def test_the_api_server_refuses_each_bad_pool_with_the_schemas_message(
+    crd: None, cluster: Cluster, namespace: str, path: Any
+) -> None:
+    body = yaml.safe_load(path.read_text())
+    result = cluster.kubectl("apply", "--namespace", namespace, "-f", str(path), check=False)
+    assert result.returncode != 0, f"{path.name} was admitted"
+    assert "is invalid" in result.stderr or "unknown field" in result.stderr, result.stderr
+    listed = pools(cluster).list_namespaced_custom_object(
+        naming.GROUP, naming.VERSION, namespace, naming.PLURAL)
+    assert body["metadata"]["name"] not in [item["metadata"]["name"] for item in listed["items"]]
+
+
+def test_every_shipped_example_is_admitted(crd: None, cluster: Cluster, namespace: str) -> None:
+    for path in schemas.EXAMPLES:
+        body = yaml.safe_load(path.read_text())
+        body["metadata"].pop("namespace", None)
+        cluster.kubectl("apply", "--dry-run=server", "--namespace", namespace, "-f", "-",
+                        stdin=json.dumps(body))
+
+
+async def test_kubectl_scale_status_columns_and_garbage_collection(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    create(cluster, namespace, manifest("stt"))
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+
+    def replicas() -> int:
+        try:
+            return int(apps.read_namespaced_deployment("stt", namespace).spec.replicas)
+        except kubernetes.client.ApiException as exc:
+            raise AssertionError(f"no Deployment yet: {exc.status}") from exc
+
+    assert await eventually(replicas, TIMEOUT, period=0.5) == 2
+    cluster.kubectl("scale", "--namespace", namespace, "asrpool/stt", "--replicas=24")
+    assert cluster.get(namespace, "asrpool", "stt")["spec"]["slots"] == 24
+
+    def scaled() -> None:
+        assert replicas() == 3
+
+    await eventually(scaled, TIMEOUT, period=0.5)
+
+    def status_written() -> dict[str, Any]:
+        pool = cluster.get(namespace, "asrpool", "stt")
+        status = pool["status"]
+        assert status["observedGeneration"] == pool["metadata"]["generation"]
+        return dict(status)
+
+    status = await eventually(status_written, TIMEOUT, period=0.5)
+    assert {c["type"] for c in status["conditions"]} >= {"Ready", "Progressing", "Degraded"}
+    scale = json.loads(cluster.kubectl("get", "--raw", f"/apis/{naming.GROUP}/{naming.VERSION}"
+                                       f"/namespaces/{namespace}/{naming.PLURAL}/stt/scale").stdout)
+    assert scale["spec"]["replicas"] == 24
+    header = cluster.kubectl("get", "asrpool", "--namespace", namespace).stdout.splitlines()[0]
+    assert header.split()[:1] == ["NAME"]
+    assert {"SLOTS", "FREE", "READY", "AGE"} <= set(header.split())
+    cluster.kubectl("delete", "--namespace", namespace, "asrpool/stt", "--wait=true")
+
+    def collected() -> None:
+        assert apps.list_namespaced_deployment(namespace).items == []
+        core = kubernetes.client.CoreV1Api(cluster.api)
+        assert core.list_namespaced_config_map(
+            namespace, label_selector=f"{naming.POOL_LABEL}=stt").items == []
+
+    await eventually(collected, TIMEOUT, period=0.5)
