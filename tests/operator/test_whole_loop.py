@@ -20,16 +20,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import redis.asyncio as aioredis
 from kopf.testing import KopfRunner
 
-from asrpool.common import registry
 from asrpool.common.processes import free_port
 from asrpool.operator import kube
 from tests.operator import checks, emulator, kubelet
-from tests.support import kyutai_client, redis_servers
+from tests.support import kyutai_client, redis_servers, streams
 from tests.support.polling import eventually
 
 NS = emulator.NAMESPACE
@@ -79,27 +76,6 @@ def answers(address: str) -> bool:
         return False
 
 
-async def used_slots(url: str) -> dict[str, int]:
-    client = aioredis.Redis.from_url(url)
-    try:
-        return {b.pod_id: b.used_slots for b in await registry.read_pool(client, "stt")}
-    finally:
-        await client.aclose()
-
-
-def audio_until(stop: asyncio.Event) -> Iterator[dict[str, Any]]:
-    """Kyutai-client messages: 80 ms noise frames until ``stop``, then a marker and silence."""
-    second = (0.2 * np.random.default_rng(7).standard_normal(24_000)).astype(np.float32)
-    silence = np.zeros(24_000, dtype=np.float32)
-    while not stop.is_set():
-        for start in range(0, 24_000, 1920):
-            yield {"type": "Audio", "pcm": second[start:start + 1920]}
-    yield {"type": "Audio", "pcm": silence}
-    yield {"type": "Marker", "id": 0}
-    for _ in range(3):
-        yield {"type": "Audio", "pcm": silence}
-
-
 async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
     cluster: emulator.Cluster, operator: KopfRunner, pods: kubelet.Kubelet, router: str,
     redis_server: redis_servers.RedisServer,
@@ -120,10 +96,11 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
         await kyutai_client.expect(ws, "Ready", WAIT)
         scaled_down = asyncio.Event()
         sender = asyncio.create_task(
-            kyutai_client.send_paced(ws, audio_until(scaled_down), realtime=1.0))
+            kyutai_client.send_paced(ws, streams.audio_until(scaled_down), realtime=1.0))
         received = asyncio.create_task(kyutai_client.until_marker(ws, 0, timeout=200))
         await eventually(lambda: serving(2, 1), WAIT)
-        (busy,) = [pod for pod, used in (await used_slots(redis_server.url)).items() if used]
+        use = await redis_servers.used_slots(redis_server.url, "stt")
+        (busy,) = [pod for pod, used in use.items() if used]
         (idle,) = set(pods.running) - {busy}
 
         await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 1}})

@@ -6,8 +6,9 @@ import subprocess
 from pathlib import Path
 
 import redis
+import redis.asyncio as aioredis
 
-from asrpool.common import processes
+from asrpool.common import processes, registry
 from asrpool.common.processes import free_port
 
 
@@ -51,3 +52,12 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, decode_responses=True)
+
+
+async def used_slots(url: str, pool: str) -> dict[str, int]:
+    """Each pod's used slots, by pod id, as its heartbeat reports them."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        return {b.pod_id: b.used_slots for b in await registry.read_pool(client, pool)}
+    finally:
+        await client.aclose()
