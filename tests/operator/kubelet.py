@@ -8,6 +8,8 @@ runs as a real ``asrpool serve`` process with the environment the pod template g
 it (``envFrom`` the ConfigMap, the downward API, ``$(VAR)`` expansion). Each pod gets
 its own loopback address as its IP, so every pod listens on port 8080 as in a cluster;
 ``ASRPOOL_HOST`` is set to that address (inside a pod, 0.0.0.0 means the pod's own).
+The environment is resolved by the same code as the local node agent's
+(:mod:`asrpool.localcluster.podspecs`); the real control-plane tests use that agent.
 Readiness comes from each pod's ``/readyz``.
 """
 
@@ -17,7 +19,6 @@ import asyncio
 import dataclasses
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from asrpool.localcluster import podspecs
 from asrpool.operator import kube, naming
 from tests.operator import emulator
 
@@ -94,22 +96,19 @@ class Kubelet:
         self.running[name] = RunningPod(name, ip, process, log, grace)
 
     def environment(self, container: Mapping[str, Any], pod_name: str, ip: str) -> dict[str, str]:
-        env = {key: os.environ[key] for key in HOST_ENV if key in os.environ}
-        for source in container.get("envFrom", []):
-            config_map = self.cluster.get(emulator.CONFIG_MAPS, self.namespace,
-                                          source["configMapRef"]["name"])
-            assert config_map is not None, f"no ConfigMap for {source}"
-            env.update(config_map["data"])
-        fields = {"metadata.name": pod_name, "status.podIP": ip}
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]),
-                                           item["value"])
-            else:
-                env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        """The container's environment, resolved as the local node agent resolves it."""
+        base = {key: os.environ[key] for key in HOST_ENV if key in os.environ}
+        pod = {"metadata": {"name": pod_name, "namespace": self.namespace}, "spec": {}}
+        env = podspecs.environment(container, self._lookup, podspecs.field_values(pod, ip, ip),
+                                   base)
         env["ASRPOOL_HOST"] = ip
         env["ASRPOOL_LOG_LEVEL"] = "warning"
         return env
+
+    def _lookup(self, kind: str, name: str) -> dict[str, str] | None:
+        assert kind == "configmap", f"the emulated kubelet reads no {kind}s"
+        config_map = self.cluster.get(emulator.CONFIG_MAPS, self.namespace, name)
+        return None if config_map is None else dict(config_map["data"])
 
     async def _stop(self, name: str) -> None:
         await self.cluster.delete(kube.PODS, self.namespace, name)
