@@ -1,4 +1,9 @@
-"""Put one built child in place: create it, patch it back, or leave it alone."""
+"""Put one built child in place with server-side apply, or leave it alone.
+
+The whole desired object is applied under the operator's field manager, so a field the
+pool no longer asks for (a removed node selector, toleration or env entry) is removed
+from the child, and nothing another manager added is touched.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from asrpool.operator import diffs, kube
+from asrpool.operator import diffs, kube, naming
 
 
 class Action(enum.Enum):
@@ -16,16 +21,16 @@ class Action(enum.Enum):
 
 
 async def apply(api: kube.Kube, desired: Mapping[str, Any]) -> Action:
-    """Make the live object contain ``desired``; only call the API where it differs."""
+    """Make the live object what ``desired`` says; call the API only where it differs:
+    a field changed by someone else, or a change of what was built (its digest, kept in
+    an annotation, tells a removed field apart from an unchanged one)."""
     kind, meta = kube.kind_of(desired), desired["metadata"]
+    body = diffs.with_digest(desired)
     live = await api.get(kind, meta["namespace"], meta["name"])
-    if live is None:
-        await api.create(kind, meta["namespace"], desired)
-        return Action.CREATED
-    if diffs.contains(live, desired):
+    if live is not None and diffs.contains(live, body):
         return Action.UNCHANGED
-    await api.patch(kind, meta["namespace"], meta["name"], diffs.managed_patch(desired))
-    return Action.UPDATED
+    await api.apply(kind, meta["namespace"], meta["name"], body, naming.MANAGER)
+    return Action.CREATED if live is None else Action.UPDATED
 
 
 def describe(desired: Mapping[str, Any]) -> str:

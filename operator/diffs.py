@@ -9,10 +9,14 @@ item.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.utils import quantity
+
+from asrpool.operator import naming
 
 QUANTITY_MAPS = ("requests", "limits")
 
@@ -40,6 +44,11 @@ def _same_amount(actual: Any, desired: Any, name: str = "") -> bool:
         return False
 
 
-def managed_patch(desired: Mapping[str, Any]) -> dict[str, Any]:
-    """The merge patch that puts a built object's fields back on a live one."""
-    return {key: value for key, value in desired.items() if key not in ("apiVersion", "kind")}
+def with_digest(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """``desired`` with a digest of itself in an annotation: a live child whose digest
+    differs was built from another spec, even where it still has every desired field."""
+    text = json.dumps(desired, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    meta = dict(desired["metadata"])
+    meta["annotations"] = {**(meta.get("annotations") or {}), naming.APPLIED_ANNOTATION: digest}
+    return {**desired, "metadata": meta}

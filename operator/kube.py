@@ -18,6 +18,7 @@ import urllib3
 
 TIMEOUT_SECONDS = 30
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # its body may be JSON, which is YAML
 
 
 class KubeError(RuntimeError):
@@ -97,6 +98,15 @@ class Kube:
 
     async def create(self, kind: Kind, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._call("POST", kind.path(namespace), body=body)
+
+    async def apply(self, kind: Kind, namespace: str, name: str, body: Mapping[str, Any],
+                    field_manager: str) -> dict[str, Any]:
+        """Server-side apply of a whole desired object: it creates what is missing, and
+        removes what this manager applied before and ``body`` no longer has. ``force``
+        takes over fields another manager changed (the operator owns its children)."""
+        query = {"fieldManager": field_manager, "force": "true"}
+        return await self._call("PATCH", kind.path(namespace, name), body=body, query=query,
+                                content_type=APPLY_PATCH)
 
     async def patch(
         self, kind: Kind, namespace: str, name: str, body: Mapping[str, Any], subresource: str = ""

@@ -12,7 +12,8 @@ NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 SERVER_APP = "asrpool-server"
-MANAGER = "asrpool-operator"
+MANAGER = "asrpool-operator"  # also the field manager of every server-side apply
+APPLIED_ANNOTATION = f"{GROUP}/applied-digest"  # what the child was last built from
 
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -137,3 +137,33 @@ async def test_kubectl_scale_status_columns_and_garbage_collection(
             namespace, label_selector=f"{naming.POOL_LABEL}=stt").items == []
 
     await eventually(collected, TIMEOUT, period=0.5)
+
+
+async def test_a_field_removed_from_the_pool_is_removed_from_its_deployment(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    create(cluster, namespace, manifest("placed", nodeSelector={"gpu": "h100"},
+                                        tolerations=[{"key": "gpu", "operator": "Exists"}]))
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+
+    def placement() -> tuple[dict[str, str], int]:
+        try:
+            spec = apps.read_namespaced_deployment("placed", namespace).spec.template.spec
+        except kubernetes.client.ApiException as exc:
+            raise AssertionError(f"no Deployment yet: {exc.status}") from exc
+        return dict(spec.node_selector or {}), len(spec.tolerations or [])
+
+    assert await eventually(placement, TIMEOUT, period=0.5) == ({"gpu": "h100"}, 1)
+    pools(cluster).patch_namespaced_custom_object(
+        naming.GROUP, naming.VERSION, namespace, naming.PLURAL, "placed",
+        {"spec": {"nodeSelector": {"gpu": None, "accel": "a100"}, "tolerations": None}})
+
+    def moved() -> None:
+        assert placement() == ({"accel": "a100"}, 0)  # not both selectors: pods can schedule
+
+    await eventually(moved, TIMEOUT, period=0.5)
+    shown = cluster.kubectl("get", "deployment", "placed", "-n", namespace, "-o", "json",
+                            "--show-managed-fields")
+    fields = json.loads(shown.stdout)["metadata"]["managedFields"]
+    assert {(entry["manager"], entry["operation"]) for entry in fields} >= {
+        (naming.MANAGER, "Apply")}

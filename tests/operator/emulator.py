@@ -57,6 +57,11 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and isinstance(request.data, dict):
+            if _is_apply(request) and not self._current(request):
+                # Server-side apply creates what is missing. kmock merges an apply like
+                # any patch (no field ownership): the real control-plane tests check that
+                # an apply removes what the pool no longer asks for.
+                self._create_for_apply(request)
             self._stamp(request)
             if request.resource == POOLS and self.pool_schema is not None:
                 self._admit(request)
@@ -75,6 +80,13 @@ class Emulator(kmock.KubernetesEmulator):
                 and not request.subresource:
             before = self._current(request).get("metadata", {})
             meta["generation"] = before.get("generation", 1) + 1
+
+    def _create_for_apply(self, request: rendering.Request) -> None:
+        meta = {"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1,
+                "namespace": request.namespace, "name": request.name}
+        self.objects[request.resource, request.namespace, request.name] = {
+            "apiVersion": request.data.get("apiVersion"), "kind": request.data.get("kind"),
+            "metadata": meta}
 
     def _current(self, request: rendering.Request) -> dict[str, Any]:
         if request.resource is None:
@@ -97,6 +109,12 @@ class Emulator(kmock.KubernetesEmulator):
             where = ".".join(str(part) for part in error.absolute_path)
             message = f"{where}: {error.message}"
             raise kmock.KubernetesError(status=422, reason="Invalid", message=message)
+
+
+def _is_apply(request: rendering.Request) -> bool:
+    content_type = {k.lower(): v for k, v in request.headers.items()}.get("content-type", "")
+    return request.action == kmock.action.UPDATE and content_type.startswith(
+        "application/apply-patch")
 
 
 def _now() -> str:

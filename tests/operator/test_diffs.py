@@ -22,9 +22,14 @@ def test_a_changed_value_a_missing_key_or_another_list_length_differ() -> None:
                               built)
 
 
-def test_the_patch_leaves_out_the_type() -> None:
-    built = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {}}
-    assert diffs.managed_patch(built) == {"metadata": {"name": "x"}, "spec": {}}
+def test_a_removed_field_changes_the_digest_so_the_child_is_applied_again() -> None:
+    before = {"metadata": {"name": "x"}, "spec": {"nodeSelector": {"gpu": "h100"}}}
+    after = {"metadata": {"name": "x"}, "spec": {}}
+    live = diffs.with_digest(before)
+    assert diffs.contains(live, diffs.with_digest(before))
+    assert diffs.contains(live, after)  # every field of `after` is there...
+    assert not diffs.contains(live, diffs.with_digest(after))  # ...but it was built otherwise
+    assert after == {"metadata": {"name": "x"}, "spec": {}}  # the built object is not changed
 
 
 def test_resource_quantities_compare_by_amount() -> None:
