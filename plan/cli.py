@@ -41,6 +41,16 @@ def _at_least_zero(text: str) -> float:
     return value
 
 
+def _whole(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
 POSITIVE_INT, POSITIVE_FLOAT = _positive(int), _positive(float)
 
 
@@ -97,7 +107,7 @@ def _pool_flags(group: argparse._ArgumentGroup) -> None:
                        "recommendation for the streams open then)")
     group.add_argument("--startup-seconds", type=_at_least_zero, default=120.0,
                        help="a new pod's time to take streams: schedule, pull, load (120)")
-    group.add_argument("--drain-grace-seconds", type=int, default=60,
+    group.add_argument("--drain-grace-seconds", type=_whole, default=60,
                        help="drainGracePeriodSeconds: a drained pod's streams are cut then (60)")
     group.add_argument("--policy", choices=["pack", "spread"], default="pack",
                        help="the router's placement policy (default pack)")
@@ -108,8 +118,9 @@ def _pool_flags(group: argparse._ArgumentGroup) -> None:
 def _scaling_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=False,
                        help="spec.autoscaling.enabled (default: a fixed --pods)")
-    group.add_argument("--min-slots", type=int, default=0)
-    group.add_argument("--max-slots", type=int, default=DEFAULT_MAX_SLOTS)
+    group.add_argument("--min-slots", type=_whole, default=0, help="minSlots (default 0)")
+    group.add_argument("--max-slots", type=_whole, default=DEFAULT_MAX_SLOTS,
+                       help="maxSlots (default: no ceiling)")
     group.add_argument("--target-free", type=_at_least_zero, default=0.25,
                        help="targetFreeFraction (default 0.25)")
     group.add_argument("--scale-up-window", type=_at_least_zero, default=0.0, metavar="S",
