@@ -8,9 +8,11 @@ emptiest level. A policy that orders pods by free slots (``pack``, ``spread``) p
 among those two exactly what it would pick among all pods; ``tests/plan`` checks that
 on random fleets for every policy in :data:`policies.POLICIES`. With one level there
 is nothing to choose: its lowest id is every such policy's pick. For the same reason
-the policy's answer depends only on the two levels and on which of the two pods has
-the lower id, so it is asked once per such triple and remembered: the call costs
-microseconds, the look-up a tenth of that, and a day has millions of placements.
+the answer depends only on the two levels and at most on which of the two pods has the
+lower id, so the policy is asked once per pair of levels (with the ids both ways, on
+two stand-in loads) and the answer is remembered: the call costs microseconds, the
+look-up a tenth of that, and a day has millions of placements; and only the chosen
+level's heap is looked at.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Fleet:
         self._heaps: list[list[int]] = [[] for _ in range(slots_per_pod + 1)]
         self._counts = [0] * (slots_per_pod + 1)
         self._lo = self._hi = 0  # fullest and emptiest level with a pod (0: none)
-        self._choices: dict[tuple[int, int, bool], bool] = {}  # the policy's, remembered
+        self._choices: dict[tuple[int, ...], str] = {}  # the policy's answers, remembered
 
     def add(self, now: float) -> Pod:
         pod = Pod(len(self.pods), now)
@@ -72,17 +74,35 @@ class Fleet:
         """The pod the router's policy places the next stream on, or None (no room)."""
         if not self.free:
             return None
-        fullest = self._top(self._lo)
-        if self._hi == self._lo:
-            return fullest
-        emptiest = self._top(self._hi)
-        key = (self._lo, self._hi, fullest.index < emptiest.index)
-        second = self._choices.get(key)
-        if second is None:
-            full, empty = fullest.load(self.slots), emptiest.load(self.slots)
-            second = policies.choose_pod([full, empty], self.policy) is empty
-            self._choices[key] = second
-        return emptiest if second else fullest
+        lo, hi = self._lo, self._hi
+        if lo == hi:
+            return self._top(lo)
+        answer = self._choices.get((lo, hi))
+        if answer is None:
+            answer = self._ask(lo, hi)
+        if answer == "ids":  # the policy looks at which id is lower: compare them
+            fullest, emptiest = self._top(lo), self._top(hi)
+            answer = self._ask(lo, hi, fullest.index < emptiest.index)
+            return fullest if answer == "fullest" else emptiest
+        return self._top(lo if answer == "fullest" else hi)
+
+    def _ask(self, lo: int, hi: int, fullest_first: bool | None = None) -> str:
+        """The policy's pick between a pod with ``lo`` and one with ``hi`` free slots:
+        "fullest", "emptiest", or "ids" when it depends on which has the lower id."""
+        key = (lo, hi) if fullest_first is None else (lo, hi, fullest_first)
+        if key in self._choices:
+            return self._choices[key]
+        orders = [True, False] if fullest_first is None else [fullest_first]
+        picks = {self._pick(lo, hi, first) for first in orders}
+        self._choices[key] = answer = picks.pop() if len(picks) == 1 else "ids"
+        return answer
+
+    def _pick(self, lo: int, hi: int, fullest_first: bool) -> str:
+        names = ("pod-a", "pod-b") if fullest_first else ("pod-b", "pod-a")
+        fullest = policies.PodLoad(names[0], names[0], self.slots, self.slots - lo)
+        emptiest = policies.PodLoad(names[1], names[1], self.slots, self.slots - hi)
+        chosen = policies.choose_pod([fullest, emptiest], self.policy)
+        return "fullest" if chosen is fullest else "emptiest"
 
     def place(self, pod: Pod, end: float) -> None:
         """A stream that ends at ``end`` starts on the serving ``pod``."""

@@ -23,15 +23,15 @@ def main(runs: list[argparse.Namespace]) -> int:
     """Simulate each run; print, and write the JSON and PNG the first run asks for."""
     results = [simulate(args) for args in runs]
     first = runs[0]
-    print(reports.table([result.summary for result in results]))
-    for note in (note for result in results for note in result.summary["notes"]):
-        print(f"note: {note}")
     if first.json:
         _write_json(Path(first.json), results)
     if first.png:
         from asrpool.plan import plotting
 
         plotting.draw(Path(first.png), [result.outcome for result in results])
+    print(reports.table([result.summary for result in results]))
+    for note in (note for result in results for note in result.summary["notes"]):
+        print(f"note: {note}")
     return 0
 
 
@@ -39,17 +39,18 @@ def main(runs: list[argparse.Namespace]) -> int:
 class Result:
     outcome: simulating.Outcome
     summary: dict[str, typing.Any]
-    wall_seconds: float
+    wall_seconds: float  # generating the traffic and simulating it
+    cpu_seconds: float  # of this process meanwhile (less noisy on a shared machine)
 
 
 def simulate(args: argparse.Namespace) -> Result:
     traffic = traffic_of(args)
     plan = plan_of(args, traffic)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     outcome = simulating.Simulation(plan).run(*traffic.sessions(), traffic.horizon)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     summary = reports.summary(outcome, args.gpu_hour_price, label=_label(args))
-    return Result(outcome, summary, wall)
+    return Result(outcome, summary, wall, cpu)
 
 
 def traffic_of(args: argparse.Namespace) -> Traffic:
@@ -121,6 +122,7 @@ def _label(args: argparse.Namespace) -> str:
 def _write_json(path: Path, results: list[Result]) -> None:
     body = {
         "runs": [result.summary | {"wall_seconds": round(result.wall_seconds, 3),
+                                   "cpu_seconds": round(result.cpu_seconds, 3),
                                    "timeline": reports.timeline(result.outcome)}
                  for result in results],
         "machine": reports.machine(),

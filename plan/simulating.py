@@ -133,11 +133,14 @@ class Simulation:
                 return False
             while events and events[0][0] <= start:
                 at, kind, index = pop(events)
-                self.now = at
-                if kind == END:
+                if kind != END:
+                    self.now = at
+                    self._control(kind, index)
+                elif waiting or (pod := pods[index]).state != fleets.READY:
+                    self.now = at
                     self._end(pods[index], at)
                 else:
-                    self._control(kind, index)
+                    fleet.depart(pod, at)
             self.now = start
             if waiting:
                 self._expire(start)

@@ -154,3 +154,21 @@ def test_streams_open_at_the_start_are_carried_not_counted_in_the_first_interval
     assert 450 < out.carried < 750  # about rate x mean duration
     assert out.timeline.arrivals[0] < 120
     assert out.counts.arrivals == out.carried + sum(out.timeline.arrivals)
+
+
+def test_a_policy_that_looks_at_ids_is_asked_with_the_real_ids(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy outside the two levels' shortcut (lowest id wins) still gets its way."""
+    def lowest_id(pods: Any, policy: Any, exclude: Any = ()) -> policies.PodLoad | None:
+        return min(policies.eligible(pods, exclude), key=lambda p: p.pod_id, default=None)
+
+    monkeypatch.setattr(policies, "choose_pod", lowest_id)
+    fleet = fleets.Fleet(slots_per_pod=4, policy="pack")
+    older, newer = fleet.add(0.0), fleet.add(0.0)
+    for pod in (older, newer):
+        fleet.serve(pod)
+    fleet.place(newer, 1.0)  # newer is now the fullest
+    assert fleet.choose() is older
+    fleet.place(older, 1.0)
+    fleet.place(older, 1.0)  # older is now the fullest
+    assert fleet.choose() is older
