@@ -17,10 +17,12 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 def _registrars() -> list[Registrar]:
     from asrpool.client import cli as client_cli
     from asrpool.operator import cli as operator_cli
+    from asrpool.plan import cli as plan_cli
     from asrpool.router import cli as router_cli
     from asrpool.server import cli as server_cli
 
-    return [server_cli.register, router_cli.register, operator_cli.register, client_cli.register]
+    return [server_cli.register, router_cli.register, operator_cli.register, client_cli.register,
+            plan_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ COPY server server
 COPY router router
 COPY operator operator
 COPY bench bench
+COPY plan plan
 COPY docker/requirements.py docker/requirements.py
 # The project as a wheel, and its pins from pyproject.toml less the model stack.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \

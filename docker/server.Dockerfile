@@ -15,6 +15,7 @@ COPY server server
 COPY router router
 COPY operator operator
 COPY bench bench
+COPY plan plan
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${CUDA_IMAGE}

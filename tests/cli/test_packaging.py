@@ -11,7 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = (
-    "import operator, asrpool.operator, asrpool.server, asrpool.router, asrpool.common;"
+    "import operator, asrpool.operator, asrpool.server, asrpool.router, asrpool.common,"
+    " asrpool.plan.cli;"
     "assert operator.__name__ == 'operator' and hasattr(operator, 'itemgetter');"
     "print(asrpool.operator.__file__)"
 )
@@ -39,6 +40,7 @@ def test_wheel_installs_and_imports(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("asrpool-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "asrpool/operator/__init__.py" in names
+    assert "asrpool/plan/simulating.py" in names
     assert not any(name.startswith("operator/") for name in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",

@@ -1,0 +1,59 @@
+"""Slots per pod from a ``bench capacity`` result.
+
+The fields read, and only these: ``"streams_per_gpu"`` (an int above zero, the real-time
+streams one GPU keeps) and ``"model"`` (a string, the model measured). A pod of
+``gpus_per_pod`` GPUs gets ``streams_per_gpu * gpus_per_pod`` slots. Without a file
+named, the newest ``bench/results/capacity-*.json`` (of ``--model`` when given) is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from asrpool.plan import scenarios
+
+RESULTS = Path("bench") / "results"
+PATTERN = "capacity-*.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    streams_per_gpu: int
+    model: str
+    source: str
+
+
+def read(path: Path) -> Capacity:
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise scenarios.PlanError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise scenarios.PlanError(f"{path} is not JSON: {exc}") from exc
+    return _checked(raw, str(path))
+
+
+def _checked(raw: Any, source: str) -> Capacity:
+    if not isinstance(raw, dict):
+        raise scenarios.PlanError(f"{source}: expected a JSON object with streams_per_gpu")
+    streams, model = raw.get("streams_per_gpu"), raw.get("model")
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        raise scenarios.PlanError(
+            f"{source}: streams_per_gpu must be an integer of at least 1, got {streams!r}")
+    if not isinstance(model, str) or not model:
+        raise scenarios.PlanError(f"{source}: model must be a non-empty string, got {model!r}")
+    return Capacity(streams, model, source)
+
+
+def newest(model: str | None, folder: Path = RESULTS) -> Capacity | None:
+    """The newest readable result in ``folder`` (of ``model`` when given), or None."""
+    found = [read(path) for path in sorted(folder.glob(PATTERN), key=_mtime, reverse=True)]
+    matching = [c for c in found if model is None or c.model == model]
+    return matching[0] if matching else None
+
+
+def _mtime(path: Path) -> float:
+    return path.stat().st_mtime
