@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from asrpool.client import local
+from asrpool.common.processes import free_port
 from asrpool.plan import simulating
 from tests.plan.support import pool, replay
 from tests.support import kyutai_client
-from tests.support.ports import free_port
 
 PODS, SLOTS_PER_POD, QUEUE_TIMEOUT = 3, 2, 2.5
 WAITED = 0.6  # seconds: an admission this much after the request came through the queue
