@@ -131,7 +131,9 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "ports": [{"name": "http", "containerPort": settings.SERVER_PORT, "protocol": "TCP"}],
         "startupProbe": _probe("/healthz", period=5, failures=120),  # model loading: 10 min
         "livenessProbe": _probe("/healthz", period=10, failures=3),
-        "readinessProbe": _probe("/readyz", period=2, failures=1),
+        # Three misses before unready: the ReplicaSet controller deletes unready pods
+        # before any other on scale-down, so a busy pod slow to answer once must stay ready.
+        "readinessProbe": _probe("/readyz", period=2, failures=3),
         "resources": build_resources(pool),
         "securityContext": container_security(),
     }

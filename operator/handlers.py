@@ -118,8 +118,10 @@ def _post_events(body: kopf.Body, result: reconciling.Result, previous: dict[str
         if result.costs_set:
             message += f"; deletion cost set on {result.costs_set} pods from live slot use"
         kopf.event(body, type="Normal", reason="Scaled", message=message)
-    if result.invalid and result.invalid != _degraded_message(previous):
-        kopf.event(body, type="Warning", reason="InvalidSpec", message=result.invalid)
+    problem = result.observed.problem
+    if problem is not None and problem.message != _degraded_message(previous):
+        # Once per new problem, not once per retry: the status carries it meanwhile.
+        kopf.event(body, type="Warning", reason=problem.reason, message=problem.message)
 
 
 def _degraded_message(status: dict[str, Any]) -> str | None:

@@ -57,7 +57,9 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     costs_set = await _protect_streams(context, pool, current, beats)
     actions = [(child, await applying.apply(context.kube, child)) for child in built]
     deployment = await _deployment(context, pool.namespace, pool.name)
-    observed = _observed(body, pool.name, pool.pods, deployment, beats)
+    pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
+    problem = statuses.pod_problem(deployment, pods)
+    observed = _observed(body, pool.name, pool.pods, deployment, beats, problem)
     scaled_from = current if current is not None and current != pool.pods else None
     return Result(pool, observed, actions, scaled_from, costs_set)
 
@@ -86,9 +88,16 @@ async def _protect_streams(
             f" server pods from {current} to {pool.pods} until it can", delay=REDIS_RETRY_SECONDS)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
     changes = usage.cost_changes(pods, usage.deletion_costs(pods, beats))
+    marked = 0
     for pod_name, cost in changes.items():
-        await context.kube.patch(kube.PODS, pool.namespace, pod_name, _cost_patch(cost))
-    return len(changes)
+        try:
+            await context.kube.patch(kube.PODS, pool.namespace, pod_name, _cost_patch(cost))
+        except kube.KubeError as exc:
+            if exc.status != 404:
+                raise
+            continue  # the pod went away during this pass: nothing to protect
+        marked += 1
+    return marked
 
 
 def _cost_patch(cost: int) -> dict[str, Any]:

@@ -16,8 +16,45 @@ from asrpool.operator import naming, usage
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    reason: str  # InvalidSpec, ApplyFailed, RegistryUnavailable
+    # InvalidSpec, RegistryUnavailable, ProgressDeadlineExceeded, PodsUnschedulable,
+    # ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, RunContainerError
+    reason: str
     message: str
+
+
+# A container waiting for one of these will not get better by itself.
+STUCK_CONTAINERS = {"ErrImagePull": "ImagePullBackOff", "ImagePullBackOff": "ImagePullBackOff",
+                    "CrashLoopBackOff": "CrashLoopBackOff",
+                    "CreateContainerConfigError": "CreateContainerConfigError",
+                    "RunContainerError": "RunContainerError"}
+
+
+def pod_problem(deployment: Mapping[str, Any] | None,
+                pods: Sequence[Mapping[str, Any]]) -> Problem | None:
+    """What keeps the pool's pods from serving, read as a platform team would read it:
+    the Deployment's progress deadline, the scheduler's verdict, a stuck container."""
+    for condition in (deployment or {}).get("status", {}).get("conditions") or []:
+        if condition.get("reason") == "ProgressDeadlineExceeded":
+            return Problem("ProgressDeadlineExceeded", str(condition.get("message", "")))
+    live = [pod for pod in pods if not pod.get("metadata", {}).get("deletionTimestamp")]
+    unschedulable = [(pod, c) for pod in live for c in _conditions(pod)
+                     if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"]
+    if unschedulable:
+        pod, condition = unschedulable[0]
+        return Problem("PodsUnschedulable", f"{len(unschedulable)} server pod(s) cannot be "
+                       f"scheduled: {condition.get('message', '')}")
+    for pod in live:
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = STUCK_CONTAINERS.get(waiting.get("reason", ""))
+            if reason:
+                where = f"{pod['metadata']['name']}/{container.get('name')}"
+                return Problem(reason, f"{where}: {waiting.get('message') or waiting['reason']}")
+    return None
+
+
+def _conditions(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((pod.get("status") or {}).get("conditions") or [])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -167,3 +167,50 @@ async def test_a_field_removed_from_the_pool_is_removed_from_its_deployment(
     fields = json.loads(shown.stdout)["metadata"]["managedFields"]
     assert {(entry["manager"], entry["operation"]) for entry in fields} >= {
         (naming.MANAGER, "Apply")}
+
+
+def degraded(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status = cluster.get(namespace, "asrpool", name).get("status") or {}
+    found = [c for c in status.get("conditions", []) if c["type"] == "Degraded"]
+    assert found and found[0]["status"] == "True", found
+    return dict(found[0])
+
+
+def warnings_about(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    events = kubernetes.client.CoreV1Api(cluster.api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},type=Warning").items
+    return [event.reason for event in events]
+
+
+async def test_pods_the_scheduler_cannot_place_degrade_the_pool_with_its_verdict(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    # Each node has 2 GPUs: a pod asking for 4 fits nowhere.
+    create(cluster, namespace, manifest("greedy", slots=8, resources={"gpus": 4}))
+    condition = await eventually(lambda: degraded(cluster, namespace, "greedy"), TIMEOUT,
+                                 period=0.5)
+    assert condition["reason"] == "PodsUnschedulable"
+    assert "Insufficient nvidia.com/gpu" in condition["message"]
+    reasons = await eventually(lambda: checks_one(warnings_about(cluster, namespace, "greedy"),
+                                                  "PodsUnschedulable"), TIMEOUT, period=0.5)
+    assert reasons.count("PodsUnschedulable") == 1  # one event, not one per pass
+
+
+async def test_a_server_that_keeps_crashing_degrades_the_pool(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    create(cluster, namespace, manifest("broken", slots=1, slotsPerPod=1,
+                                        model={"name": "no-such-model"}, resources={"gpus": 0}))
+
+    def crash_looping() -> dict[str, Any]:
+        condition = degraded(cluster, namespace, "broken")
+        assert condition["reason"] == "CrashLoopBackOff", condition
+        return condition
+
+    condition = await eventually(crash_looping, 180.0, period=1.0)
+    assert condition["message"].startswith("broken-")
+
+
+def checks_one(reasons: list[str], reason: str) -> list[str]:
+    assert reason in reasons, reasons
+    return reasons

@@ -94,6 +94,7 @@ def test_the_container_runs_asrpool_serve_with_its_identity_from_the_downward_ap
 def test_probes_use_readyz_and_healthz() -> None:
     built = container()
     assert built["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert built["readinessProbe"]["failureThreshold"] >= 3  # a busy pod is never briefly unready
     assert built["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert built["startupProbe"]["httpGet"]["path"] == "/healthz"
 

@@ -82,3 +82,33 @@ def test_a_condition_keeps_its_time_while_its_status_holds() -> None:
     assert by_type(flipped)["Ready"]["lastTransitionTime"] == LATER
     assert by_type(flipped)["Degraded"]["lastTransitionTime"] == NOW
     assert statuses.changed(first, flipped)
+
+
+def _pod(name: str, conditions: list[dict[str, str]] | None = None,
+         waiting: dict[str, str] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": conditions or []}
+    if waiting is not None:
+        status["containerStatuses"] = [{"name": "server", "state": {"waiting": waiting}}]
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_pod_problems_name_what_a_platform_team_must_fix() -> None:
+    verdict = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    unschedulable = _pod("p1", [{"type": "PodScheduled", "status": "False",
+                                 "reason": "Unschedulable", "message": verdict}])
+    crashing = _pod("p2", waiting={"reason": "CrashLoopBackOff", "message": "back-off 8s"})
+    creating = _pod("p3", waiting={"reason": "ContainerCreating"})
+    assert statuses.pod_problem(None, [creating]) is None
+    assert statuses.pod_problem(None, [crashing, creating]) == statuses.Problem(
+        "CrashLoopBackOff", "p2/server: back-off 8s")
+    problem = statuses.pod_problem(None, [crashing, unschedulable])
+    assert problem == statuses.Problem(
+        "PodsUnschedulable", f"1 server pod(s) cannot be scheduled: {verdict}")
+    stuck = {"status": {"conditions": [{"type": "Progressing", "status": "False",
+                                        "reason": "ProgressDeadlineExceeded",
+                                        "message": "ReplicaSet has timed out progressing."}]}}
+    assert statuses.pod_problem(stuck, [crashing]) == statuses.Problem(
+        "ProgressDeadlineExceeded", "ReplicaSet has timed out progressing.")
+    leaving = _pod("p4", waiting={"reason": "ErrImagePull", "message": "not found"})
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert statuses.pod_problem(None, [leaving]) is None
