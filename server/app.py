@@ -72,6 +72,10 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
     async def asr_post(request: fastapi.Request) -> responses.Response:
         return await _transcribe(pod, request)
 
+    @app.get(protocol.STREAMING_PATH, include_in_schema=False)
+    def asr_get() -> responses.Response:
+        return responses.PlainTextResponse(protocol.UPGRADE_REQUIRED, status_code=426)
+
     @app.get("/api/modules_info")
     def modules_info() -> list[dict[str, str]]:
         return pod.modules_info()

@@ -15,6 +15,8 @@ import numpy as np
 from asrpool.common import protocol
 from asrpool.server import metrics, outcomes, sessions, settings, slots
 
+_DECODE_IN_LOOP = 64 << 10  # larger OggOpus messages are decoded in a thread
+
 
 class Handle:
     def __init__(self, stream: sessions.Stream, streams: sessions.Sessions,
@@ -50,12 +52,16 @@ class Handle:
 
     # Input.
 
-    def push(self, message: protocol.ClientMessage) -> None:
+    async def push(self, message: protocol.ClientMessage) -> None:
         """Take one client message; raises :class:`protocol.ProtocolError`."""
         if message["type"] == "Marker":
             self._buffers.push_marker(self._stream.slot, message["id"])
         elif message["type"] == "Init":
             self.restart()
+        elif message["type"] == "OggOpus" and len(message["data"]) > _DECODE_IN_LOOP:
+            # Minutes of Opus take a second to decode: not on the event loop. The
+            # reader is awaited before the next message, so the decoder has one user.
+            self.push_audio(await asyncio.to_thread(self._stream.input.pcm, message))
         else:
             self.push_audio(self._stream.input.pcm(message))
 

@@ -2,48 +2,124 @@
 
 Ogg Opus is decoded with sphn's streaming reader (libopus through Rust's ``ogg`` and
 ``opus`` crates), which accepts pages split across messages at any byte and gives
-mono float32 at 24 kHz whatever the stream's rate. Before any audio is taken from a
-stream, its first page is checked here: it must be an Ogg page holding an ``OpusHead``
-for one channel (sphn would silently down-mix a stereo stream).
+mono float32 at 24 kHz whatever the stream's rate. Pages are framed and CRC-checked
+here first (sphn loses sync silently on a truncated page), and the first one must hold
+an ``OpusHead`` for one channel (sphn would silently down-mix a stereo stream).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
 
 import numpy as np
 
 from asrpool.common import protocol
 
 _PAGE_HEADER = 27  # "OggS", version, type, granule (8), serial (4), sequence (4), CRC (4), segments
-_HEAD_LIMIT = 1 << 16  # a first page larger than this is not an OpusHead page
+_CRC_AT = 22
+_MAX_PAGE = _PAGE_HEADER + 255 + 255 * 255
+_CANDIDATES = 4
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7 if crc & 0x80000000 else crc << 1) & 0xFFFFFFFF
+        table.append(crc)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def ogg_crc(page: bytes) -> int:
+    """Ogg's CRC-32 (polynomial 0x04c11db7, not reflected) of a page, its CRC field zeroed."""
+    crc = 0
+    for byte in page[:_CRC_AT] + b"\0\0\0\0" + page[_CRC_AT + 4:]:
+        crc = ((crc << 8) & 0xFFFFFFFF) ^ _CRC_TABLE[(crc >> 24) ^ byte]
+    return crc
 
 
 def _bad(message: str) -> protocol.ProtocolError:
     return protocol.ProtocolError(message, "bad_audio")
 
 
-def check_opus_head(head: bytes) -> bool:
-    """True once ``head`` (the stream's first bytes) holds a valid mono ``OpusHead`` page,
-    False while more bytes are needed; raises :class:`protocol.ProtocolError` otherwise."""
-    if head[:4] != b"OggS"[:len(head[:4])]:
-        raise _bad("OggOpus data is not an Ogg stream (no 'OggS' capture pattern)")
-    if len(head) < _PAGE_HEADER:
-        return False
-    segments = head[26]
-    start = _PAGE_HEADER + segments
-    if len(head) < start + 10:
-        if len(head) > _HEAD_LIMIT:
-            raise _bad("OggOpus stream's first page is too large to be an OpusHead")
-        return False
-    packet = head[start:start + 10]
-    if packet[:8] != b"OpusHead":
+class OggPages:
+    """Bytes in any pieces, whole checked Ogg pages out (sphn's reader takes them).
+
+    A truncated page (the next one's bytes read as its rest) or a corrupt one is an
+    error, never a silent loss of sync: a page not directly followed by the next
+    capture pattern must pass its CRC (so the CRC, pure Python, runs on about one page
+    per message, not on every byte).
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.count = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        pages = []
+        while (page := self._next()) is not None:
+            pages.append(page)
+        return pages
+
+    def _next(self) -> bytes | None:
+        buffer = self._buffer
+        if len(buffer) >= 4 and buffer[:4] != b"OggS":
+            raise _bad(f"OggOpus data after page {self.count} is not an Ogg page "
+                       "(no 'OggS' capture pattern): a truncated page or not Ogg at all")
+        size = _page_size(buffer)
+        if size is None or len(buffer) < size:
+            if _valid_page_inside(buffer):  # the next page began before this one ended
+                raise _bad(f"Ogg page {self.count} is truncated (the next page starts "
+                           "inside it)")
+            return None
+        page = bytes(buffer[:size])
+        followed = buffer[size:size + 4] == b"OggS"  # then it cannot be truncated
+        del buffer[:size]
+        if not followed and not _crc_ok(page):
+            raise _bad(f"Ogg page {self.count} fails its CRC check: truncated or corrupt")
+        self.count += 1
+        return page
+
+
+def _page_size(buffer: bytes | bytearray) -> int | None:
+    """The size of the page at the start of ``buffer``, once its header is there."""
+    if len(buffer) < _PAGE_HEADER or len(buffer) < _PAGE_HEADER + buffer[26]:
+        return None
+    segments = buffer[26]
+    return _PAGE_HEADER + segments + sum(buffer[_PAGE_HEADER:_PAGE_HEADER + segments])
+
+
+def _crc_ok(page: bytes | bytearray) -> bool:
+    return int.from_bytes(page[_CRC_AT:_CRC_AT + 4], "little") == ogg_crc(bytes(page))
+
+
+def _valid_page_inside(buffer: bytearray) -> bool:
+    """Whether a whole page with a good CRC starts after the first one's capture pattern
+    (the first few candidates only: a page's payload may hold the pattern by chance)."""
+    at = buffer.find(b"OggS", 4, _MAX_PAGE)
+    for _ in range(_CANDIDATES):
+        if at < 0:
+            return False
+        size = _page_size(buffer[at:])
+        if size is not None and len(buffer) - at >= size and _crc_ok(buffer[at:at + size]):
+            return True
+        at = buffer.find(b"OggS", at + 4, _MAX_PAGE)
+    return False
+
+
+def check_opus_head(page: bytes) -> None:
+    """The first page must hold an ``OpusHead`` for one channel (sphn would silently
+    down-mix a stereo stream)."""
+    packet = page[_PAGE_HEADER + page[26]:]
+    if packet[:8] != b"OpusHead" or len(packet) < 10:
         raise _bad("OggOpus stream does not start with an OpusHead packet (not Opus)")
-    channels = struct.unpack_from("B", packet, 9)[0]
-    if channels != 1:
-        raise _bad(f"OggOpus stream has {channels} channels; only mono is accepted")
-    return True
+    if packet[9] != 1:
+        raise _bad(f"OggOpus stream has {packet[9]} channels; only mono is accepted")
 
 
 class OpusDecoder:
@@ -53,20 +129,20 @@ class OpusDecoder:
         import sphn
 
         self._reader = sphn.OpusStreamReader(protocol.SAMPLE_RATE)
-        self._head = b""
-        self._checked = False
+        self._pages = OggPages()
 
     def decode(self, data: bytes) -> np.ndarray:
-        if not self._checked:
-            self._head += data
-            if not check_opus_head(self._head):
-                return np.zeros(0, dtype=np.float32)
-            self._checked, data, self._head = True, self._head, b""
-        try:
-            pcm = self._reader.append_bytes(data)
-        except ValueError as exc:  # sphn reports broken pages as ValueError
-            raise _bad(f"broken Ogg Opus data (a truncated or corrupt page?): {exc}") from exc
-        return np.asarray(pcm, dtype=np.float32).reshape(-1)
+        first = self._pages.count == 0
+        pages = self._pages.feed(data)
+        if first and pages:
+            check_opus_head(pages[0])
+        if not pages:
+            return np.zeros(0, dtype=np.float32)
+        try:  # one page at a time: sphn's reader fails on many pages in one call
+            pcm = [self._reader.append_bytes(page) for page in pages]
+        except ValueError as exc:  # sphn reports what it cannot decode as ValueError
+            raise _bad(f"undecodable Ogg Opus data: {exc}") from exc
+        return np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1) for p in pcm])
 
 
 @dataclasses.dataclass

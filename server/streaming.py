@@ -126,7 +126,7 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
             continue  # text frames are ignored, and do not count as activity, as in moshi-server
         last_audio = time.monotonic()
         try:
-            handle.push(protocol.decode_client(data, pod.settings.max_message_bytes))
+            await handle.push(protocol.decode_client(data, pod.settings.max_message_bytes))
         except protocol.ProtocolError as exc:
             too_large = exc.code == "too_large"
             return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large

@@ -79,7 +79,7 @@ async def _feed(handle: handles.Handle, pcm: np.ndarray) -> None:
     for start in range(0, len(pcm), _CHUNK):
         await handle.room()
         handle.push_audio(pcm[start:start + _CHUNK])
-    handle.push({"type": "Marker", "id": 0})
+    await handle.push({"type": "Marker", "id": 0})
     for _ in range(FLUSH_SAMPLES // _CHUNK):
         await handle.room()
         handle.push_audio(np.zeros(_CHUNK, dtype=np.float32))

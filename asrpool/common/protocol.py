@@ -36,6 +36,8 @@ RESUMABLE_HEADER = "asrpool-resumable"
 # moshi-server (axum) takes websocket frames up to 16 MiB: a 10 s float32 chunk is 1.2 MB.
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 BUSY_MESSAGE = "no free channels"
+# A plain GET of the streaming path (no upgrade): HTTP 426, as a websocket server answers.
+UPGRADE_REQUIRED = "upgrade to a websocket, or POST a WAV/FLAC/OGG/MP3 file"
 
 
 class CloseCode(enum.IntEnum):
