@@ -14,19 +14,18 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # The sans-I/O websockets protocol pauses reading until the app has taken each
     # message and awaits the socket's drain on sends: backpressure in both directions.
     # Frames over max_message_bytes are refused from their header, before they are
-    # buffered, with Error{code:"too_large"} and a 1009 close (framing.LimitedFrames).
+    # buffered, with Error{code:"too_large"} and a 1009 close (framing.WebSocketProtocol).
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
     return uvicorn.Config(
         app.create_app(config, wiring.build(config)),
         host=config.host,
         port=config.port,
-        ws=framing.LimitedFrames,
+        ws=framing.WebSocketProtocol,
         ws_max_size=config.max_message_bytes,
         ws_per_message_deflate=False,
-        # A client whose stream is held back by its pod is not read meanwhile, so its
-        # pongs wait behind its audio; a pod takes a frame of every stream each step,
-        # so that wait is far shorter than the timeout.
+        # A client that answers no ping within the timeout and sent nothing else
+        # meanwhile is gone; one held back by its pod (not read meanwhile) is not.
         ws_ping_interval=config.ping_interval_s,
         ws_ping_timeout=config.ping_timeout_s,
         lifespan="on",

@@ -180,7 +180,7 @@ async def finish(
     detach = proxying.detaches(end, protocol.resumable(ws.headers))
     abort = detach or isinstance(end, proxying.PodLost)
     if isinstance(end, proxying.ClientLeft) and end.code == protocol.CloseCode.TOO_LARGE:
-        deps.meters.rejections.labels("too_large").inc()  # framing.LimitedFrames told it
+        deps.meters.rejections.labels("too_large").inc()  # framing.WebSocketProtocol told it
     if abort:
         # A lost client that may resume: drop the link without a close frame, so that
         # the pod keeps the slot. A lost pod: nothing to wait for.

@@ -72,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
     app = app_mod.create_app(config, deps)
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level,
-        ws=framing.LimitedFrames, ws_max_size=config.max_message_bytes,
-        # A client that answers no ping within the timeout is gone (moshi-server: 20 s
-        # without any frame). Backpressure pauses reading (pongs too) only until the
-        # engine's next step takes a frame of the stream, far less than the timeout.
+        ws=framing.WebSocketProtocol, ws_max_size=config.max_message_bytes,
+        # A client that answers no ping within the timeout and sent nothing else
+        # meanwhile is gone (moshi-server: 20 s without any frame); one held back by
+        # backpressure is not (framing.WebSocketProtocol).
         ws_ping_interval=config.ping_interval_seconds,
         ws_ping_timeout=config.ping_timeout_seconds,
         timeout_graceful_shutdown=5,

@@ -134,8 +134,8 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
 
 
 def _disconnected(pod: pods.Pod, code: int) -> outcomes.Outcome:
-    if code == protocol.CloseCode.TOO_LARGE:  # uvicorn refused a frame (framing.LimitedFrames
-        pod.count_error("too_large")  # sent the Error)
+    if code == protocol.CloseCode.TOO_LARGE:  # the parser refused a frame and
+        pod.count_error("too_large")  # framing.WebSocketProtocol sent the Error
     return outcomes.Lost() if code in _LOST else outcomes.Closed()
 
 
