@@ -16,7 +16,7 @@ import aiohttp
 import redis
 from starlette import requests, responses
 
-from asrpool.common import protocol
+from asrpool.common import bodies, protocol
 from asrpool.router import admissions, placing, pods, refusals, streaming, tokens, wiring
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,10 @@ async def transcribe(
     if key is None:
         deps.meters.rejections.labels("unauthorized").inc()
         return responses.PlainTextResponse("invalid or missing API key", status_code=401)
-    body = await request.body()
-    limit = deps.config.max_upload_bytes
-    if len(body) > limit:
-        return _refused(413, f"body of {len(body)} bytes exceeds the limit of {limit} bytes")
+    try:
+        body = await bodies.read_limited(request, deps.config.max_upload_bytes)
+    except bodies.TooLarge as exc:
+        return _refused(413, str(exc))
     pool = pool or deps.config.default_pool
     if not refusals.valid_pool(pool):
         return _refusal(refusals.unknown_pool(pool), deps)

@@ -93,7 +93,7 @@ async def _transcribe(pod: pods.Pod, request: fastapi.Request) -> responses.Resp
         pod.count_error("unauthorized")
         return responses.PlainTextResponse(refusal, status_code=401)
     try:
-        words = await uploads.transcribe(pod, await request.body())
+        words = await uploads.transcribe(pod, request)
     except uploads.Refused as exc:
         return responses.PlainTextResponse(exc.message, status_code=exc.status)
     return responses.JSONResponse(words)

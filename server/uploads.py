@@ -14,8 +14,9 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from starlette import requests
 
-from asrpool.common import audio, protocol
+from asrpool.common import audio, bodies, protocol
 from asrpool.server import handles, outcomes, pods
 
 FLUSH_SAMPLES = 240_000  # moshi-server's 10 s of silence after the marker
@@ -32,11 +33,12 @@ class Refused(Exception):
         self.message = message
 
 
-async def transcribe(pod: pods.Pod, body: bytes) -> list[dict[str, Any]]:
+async def transcribe(pod: pods.Pod, request: requests.Request) -> list[dict[str, Any]]:
     """Raises :class:`Refused` (400 not audio, 413 too large, 503 busy or draining)."""
-    limit = pod.settings.max_upload_bytes
-    if len(body) > limit:
-        raise Refused(413, f"body of {len(body)} bytes exceeds the limit of {limit} bytes")
+    try:
+        body = await bodies.read_limited(request, pod.settings.max_upload_bytes)
+    except bodies.TooLarge as exc:
+        raise Refused(413, str(exc)) from exc
     try:
         pcm = await asyncio.to_thread(audio.decode_audio_bytes, body)
     except audio.AudioFileError as exc:

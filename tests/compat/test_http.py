@@ -4,6 +4,7 @@ file in, the Word/EndWord list out), /api/build_info, /api/modules_info."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -69,3 +70,16 @@ def test_modules_info(endpoint: conftest.Endpoint) -> None:
     (module,) = endpoint.get_json("/api/modules_info")
     assert module["type"] == "batched_asr" and module["path"] == "/api/asr-streaming"
     assert (module["total_slots"], module["used_slots"]) == (str(conftest.BATCH), "0")
+
+
+def test_post_a_body_over_the_limit(endpoint: conftest.Endpoint) -> None:
+    """Refused from its declared length (64 MiB limit), before it is read."""
+    host, port = endpoint.http_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/api/asr-streaming")
+    for name, value in {**endpoint.headers, "Content-Length": str(65 << 20)}.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413 and b"exceeds the limit" in response.read()
+    connection.close()
