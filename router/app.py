@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import fastapi
 import redis
 from starlette import requests, responses, staticfiles
 
-from asrpool.common import protocol
-from asrpool.router import settings, streaming, views, wiring
+from asrpool.common import builds, protocol
+from asrpool.router import settings, streaming, uploads, views, wiring
 
 STATIC = Path(__file__).parent / "static"  # the live page (index.html, live.js, vendor/)
 
@@ -43,6 +44,31 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
     async def pool_stream(ws: fastapi.WebSocket, pool: str, d: wiring.Deps = Deps) -> None:
         await streaming.serve(ws, pool, d)
 
+    @app.post(protocol.STREAMING_PATH)
+    async def upload(
+        request: requests.Request, pool: str | None = None, d: wiring.Deps = Deps
+    ) -> responses.Response:
+        return await uploads.transcribe(request, pool, d)
+
+    @app.get(protocol.STREAMING_PATH, include_in_schema=False)
+    @app.get("/pools/{pool}" + protocol.STREAMING_PATH, include_in_schema=False)
+    async def upgrade_required() -> responses.Response:
+        return responses.PlainTextResponse(protocol.UPGRADE_REQUIRED, status_code=426)
+
+    @app.post("/pools/{pool}" + protocol.STREAMING_PATH)
+    async def pool_upload(
+        request: requests.Request, pool: str, d: wiring.Deps = Deps
+    ) -> responses.Response:
+        return await uploads.transcribe(request, pool, d)
+
+    @app.get("/api/build_info")
+    async def build_info() -> dict[str, str]:
+        return builds.build_info()
+
+    @app.get("/api/modules_info")
+    async def modules_info(d: wiring.Deps = Deps) -> responses.Response:
+        return await _redis_view(d, lambda got: views.modules_info(got, d.config.default_pool))
+
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
         return {"ok": True}
@@ -57,10 +83,7 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
 
     @app.get("/api/pools")
     async def pools(d: wiring.Deps = Deps) -> responses.Response:
-        try:
-            return responses.JSONResponse(await views.pools_json(d.redis))
-        except redis.RedisError as exc:
-            return responses.JSONResponse({"error": f"Redis unreachable: {exc}"}, status_code=503)
+        return await _redis_view(d, lambda got: got)
 
     @app.get("/", include_in_schema=False)
     async def live_page() -> responses.FileResponse:
@@ -68,6 +91,16 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
 
     app.mount("/static", staticfiles.StaticFiles(directory=STATIC, check_dir=False), name="static")
     return app
+
+
+async def _redis_view(
+    deps: wiring.Deps, shape: Callable[[dict[str, Any]], Any]
+) -> responses.Response:
+    """The pools as Redis has them, in ``shape``; 503 while Redis does not answer."""
+    try:
+        return responses.JSONResponse(shape(await views.pools_json(deps.redis)))
+    except redis.RedisError as exc:
+        return responses.JSONResponse({"error": f"Redis unreachable: {exc}"}, status_code=503)
 
 
 async def ready(deps: wiring.Deps) -> responses.Response:

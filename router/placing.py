@@ -15,6 +15,7 @@ import uuid
 
 import redis
 
+from asrpool.common import protocol
 from asrpool.router import admissions, pods, refusals, wiring
 
 log = logging.getLogger(__name__)
@@ -83,5 +84,5 @@ async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | ref
         return got, outcome
     await deps.admissions.release(got)
     if isinstance(outcome, pods.Refused) and outcome.code != "bad_resume_token":
-        return refusals.Refusal(outcome.code, outcome.message, 1011)
+        return refusals.Refusal(outcome.code, outcome.message, protocol.CloseCode.INTERNAL)
     return refusals.bad_resume_token() if isinstance(outcome, pods.Refused) else refusals.pod_gone()

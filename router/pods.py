@@ -54,7 +54,9 @@ Outcome = Opened | Refused | Unreachable
 
 
 def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict[str, str]:
-    out = {}
+    """The router always asks the pod to keep a stream whose link drops: its own
+    clients resume through any router."""
+    out = {protocol.RESUMABLE_HEADER: "1"}
     if config.pod_token:
         out[protocol.POD_TOKEN_HEADER] = config.pod_token
     if pod_resume_token:
@@ -73,7 +75,7 @@ async def open_stream(
             open_timeout=config.pod_connect_timeout_s,
             compression=None,
             proxy=None,
-            max_size=4 * config.max_message_bytes,
+            max_size=config.max_message_bytes,
             # No keepalive pings: a pod that applies backpressure stops reading its
             # socket, pings go unanswered, and a healthy stream would be cut. A dead
             # pod closes its sockets or lets its heartbeat lapse (leasing.note_heartbeat).

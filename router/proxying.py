@@ -17,6 +17,7 @@ import websockets
 from starlette import websockets as starlette_ws
 from websockets.asyncio import client as ws_client
 
+from asrpool.common import protocol
 from asrpool.router import metrics
 
 
@@ -43,11 +44,19 @@ class PodLost:
 
 End = ClientLeft | TooLarge | PodClosed | PodLost
 
-# Client close codes after which the pod keeps the slot for a resume: the connection
-# was lost (1005 no status, 1006 no close frame), or this router is shutting down (1012).
-# The router then drops its pod connection without a close frame, which the pod
-# reads as lost too.
-DETACHING_CODES = frozenset({1005, 1006, 1012})
+# Client close codes of a lost connection (1005 no status, 1006 no close frame): the
+# pod keeps the slot for a resume only if the client asked for one. This router
+# shutting down (1012) always leaves its streams resumable. The router then drops its
+# pod connection without a close frame, which the pod reads as lost too.
+LOST_CODES = frozenset({protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST})
+SHUTDOWN_CODE = protocol.CloseCode.RESTART
+
+
+def detaches(end: End, resumable: bool) -> bool:
+    """Whether the session waits for a resume after ``end``."""
+    if not isinstance(end, ClientLeft):
+        return False
+    return end.code == SHUTDOWN_CODE or (resumable and end.code in LOST_CODES)
 
 
 async def proxy(

@@ -29,36 +29,52 @@ class Refusal:
 
 
 def busy() -> Refusal:
-    return Refusal("busy", protocol.BUSY_MESSAGE, 1013)
+    return Refusal("busy", protocol.BUSY_MESSAGE, protocol.CloseCode.TRY_AGAIN)
 
 
 def unknown_pool(pool: str) -> Refusal:
-    return Refusal("unknown_pool", f"unknown pool {pool[:80]!r}", 1008)
+    return Refusal("unknown_pool", f"unknown pool {pool[:80]!r}", protocol.CloseCode.POLICY)
 
 
 def key_limit(key_id: str, limit: int) -> Refusal:
     return Refusal(
-        "key_limit", f"API key {key_id!r} already has its {limit} concurrent streams", 1008
+        "key_limit",
+        f"API key {key_id!r} already has its {limit} concurrent streams",
+        protocol.CloseCode.POLICY,
     )
 
 
 def bad_resume_token() -> Refusal:
-    return Refusal("bad_resume_token", "unknown or expired resume token", 1008)
+    return Refusal("bad_resume_token", "unknown or expired resume token", protocol.CloseCode.POLICY)
 
 
 def pod_gone() -> Refusal:
-    return Refusal("pod_lost", "the pod serving this session is gone; start a new stream", 1011)
+    return Refusal(
+        "pod_lost",
+        "the pod serving this session is gone; start a new stream",
+        protocol.CloseCode.INTERNAL,
+    )
 
 
 def pod_lost() -> Refusal:
-    return Refusal("pod_lost", "the pod serving this stream failed; start a new stream", 1011)
+    return Refusal(
+        "pod_lost",
+        "the pod serving this stream failed; start a new stream",
+        protocol.CloseCode.INTERNAL,
+    )
 
 
 def unavailable() -> Refusal:
     return Refusal(
-        "unavailable", "the router cannot reach its session registry; try again shortly", 1013
+        "unavailable",
+        "the router cannot reach its session registry; try again shortly",
+        protocol.CloseCode.TRY_AGAIN,
     )
 
 
 def too_large(size: int, limit: int) -> Refusal:
-    return Refusal("too_large", f"message of {size} bytes exceeds the limit of {limit} bytes", 1009)
+    return Refusal(
+        "too_large",
+        f"message of {size} bytes exceeds the limit of {limit} bytes",
+        protocol.CloseCode.TOO_LARGE,
+    )

@@ -6,27 +6,28 @@ import logging
 
 import uvicorn
 
+from asrpool.common import framing
 from asrpool.router import app, settings, wiring
 
 
 def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # The sans-I/O websockets protocol pauses reading until the app has taken each
     # message and awaits the socket's drain on sends: backpressure in both directions.
-    # Frames between max_message_bytes and ws_max_size get a clear Error from the
-    # router; larger ones a 1009 close from uvicorn before they are buffered.
+    # Frames over max_message_bytes are refused from their header, before they are
+    # buffered, with Error{code:"too_large"} and a 1009 close (framing.WebSocketProtocol).
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
     return uvicorn.Config(
         app.create_app(config, wiring.build(config)),
         host=config.host,
         port=config.port,
-        ws="websockets-sansio",
-        ws_max_size=4 * config.max_message_bytes,
+        ws=framing.WebSocketProtocol,
+        ws_max_size=config.max_message_bytes,
         ws_per_message_deflate=False,
-        # A client whose stream is held back by a slow pod is not read meanwhile, so its
-        # pongs wait behind its audio: be patient before calling it dead.
-        ws_ping_interval=20,
-        ws_ping_timeout=60,
+        # A client that answers no ping within the timeout and sent nothing else
+        # meanwhile is gone; one held back by its pod (not read meanwhile) is not.
+        ws_ping_interval=config.ping_interval_s,
+        ws_ping_timeout=config.ping_timeout_s,
         lifespan="on",
         log_level=config.log_level,
         timeout_graceful_shutdown=5,

@@ -44,7 +44,12 @@ class RouterSettings(pydantic_settings.BaseSettings):
 
     pod_connect_timeout_s: float = pydantic.Field(default=5.0, gt=0)
     pod_attempts: int = pydantic.Field(default=3, ge=1)
+    # As moshi-server: frames up to 16 MiB; a client answering no ping (every 10 s)
+    # within 10 s is gone (20 s without any frame).
     max_message_bytes: int = pydantic.Field(default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    max_upload_bytes: int = pydantic.Field(default=64 << 20, ge=1024)  # POST bodies
+    ping_interval_s: float = pydantic.Field(default=10.0, gt=0)
+    ping_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     redis_timeout_s: float = pydantic.Field(default=0.5, gt=0)
     log_level: str = "info"
 

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable
 
 import redis
-from starlette import responses
+from starlette import requests, responses
 from starlette import websockets as starlette_ws
 
 from asrpool.common import auth, protocol
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 ANONYMOUS = auth.ApiKey(id="", sha256="")
 
 
-def authenticate(ws: starlette_ws.WebSocket, keyring: auth.KeyRing | None) -> auth.ApiKey | None:
+def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None) -> auth.ApiKey | None:
     if keyring is None:
         return ANONYMOUS
     plain = ws.headers.get(protocol.API_KEY_HEADER) or ws.query_params.get(protocol.API_KEY_QUERY)
@@ -141,7 +141,7 @@ async def run(
     try:
         await ws.accept(headers=_extension_headers(token, opened))
     except starlette_ws.WebSocketDisconnect:
-        await finish(ws, session, opened, proxying.ClientLeft(1000), deps)
+        await finish(ws, session, opened, proxying.ClientLeft(protocol.CloseCode.NORMAL), deps)
         return
     deps.sessions.add(session)
     deps.meters.sessions_open.inc()
@@ -177,11 +177,13 @@ async def finish(
 ) -> None:
     """Tell each side what the other did, then settle the session in Redis."""
     log.info("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
-    detach = isinstance(end, proxying.ClientLeft) and end.code in proxying.DETACHING_CODES
+    detach = proxying.detaches(end, protocol.resumable(ws.headers))
     abort = detach or isinstance(end, proxying.PodLost)
+    if isinstance(end, proxying.ClientLeft) and end.code == protocol.CloseCode.TOO_LARGE:
+        deps.meters.rejections.labels("too_large").inc()  # framing.WebSocketProtocol told it
     if abort:
-        # A lost client: drop the link without a close frame, so that the pod keeps the
-        # slot for a resume. A lost pod: nothing to wait for.
+        # A lost client that may resume: drop the link without a close frame, so that
+        # the pod keeps the slot. A lost pod: nothing to wait for.
         opened.link.transport.abort()
     await _tell_client(ws, end, deps)
     if not abort:
@@ -199,7 +201,8 @@ async def _tell_client(ws: starlette_ws.WebSocket, end: proxying.End, deps: wiri
     elif isinstance(end, proxying.PodLost):
         await refuse(ws, refusals.pod_lost(), deps)
     elif isinstance(end, proxying.PodClosed) and _open(ws):
-        code = end.code if end.code not in (1005, 1006, 1015) else 1000
+        unsendable = (protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST, protocol.CloseCode.TLS)
+        code = protocol.CloseCode.NORMAL if end.code in unsendable else end.code
         with contextlib.suppress(starlette_ws.WebSocketDisconnect):
             await ws.close(code, end.reason)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from asrpool.common import registry
+from asrpool.common import protocol, registry
 from asrpool.router import keys, policies
 
 
@@ -64,3 +64,21 @@ async def pools_json(redis: aioredis.Redis) -> dict[str, Any]:
             "pods": [p.to_json() for p in pods],
         }
     return {"pools": out}
+
+
+def modules_info(pools: dict[str, Any], default_pool: str) -> list[dict[str, str]]:
+    """moshi-server's ``/api/modules_info`` (a list of string maps), one module per pool."""
+    out = []
+    for name, pool in pools["pools"].items():
+        prefix = "" if name == default_pool else f"/pools/{name}"
+        total = pool["total_slots"]
+        out.append(
+            {
+                "type": "batched_asr",
+                "path": prefix + protocol.STREAMING_PATH,
+                "used_slots": str(total - pool["free_slots"]),
+                "total_slots": str(total),
+                "pool": name,
+            }
+        )
+    return out

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import fastapi
 from fastapi import responses
 
-from asrpool.common import auth, protocol
-from asrpool.server import heartbeat, pods, settings, streaming
+from asrpool.common import auth, builds, protocol
+from asrpool.server import heartbeat, pods, settings, streaming, uploads
 from asrpool.server import metrics as metrics_mod
 
 if TYPE_CHECKING:
@@ -68,11 +68,35 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
     def metrics() -> responses.Response:
         return responses.Response(pod.metrics.exposition(), media_type=metrics_mod.CONTENT_TYPE)
 
+    @app.post(protocol.STREAMING_PATH)
+    async def asr_post(request: fastapi.Request) -> responses.Response:
+        return await _transcribe(pod, request)
+
+    @app.get(protocol.STREAMING_PATH, include_in_schema=False)
+    def asr_get() -> responses.Response:
+        return responses.PlainTextResponse(protocol.UPGRADE_REQUIRED, status_code=426)
+
     @app.get("/api/modules_info")
-    def modules_info() -> dict[str, object]:
+    def modules_info() -> list[dict[str, str]]:
         return pod.modules_info()
 
+    @app.get("/api/build_info")
+    def build_info() -> dict[str, str]:
+        return builds.build_info()
+
     return app
+
+
+async def _transcribe(pod: pods.Pod, request: fastapi.Request) -> responses.Response:
+    refusal = pod.refusal(request.headers, request.query_params)
+    if refusal is not None:
+        pod.count_error("unauthorized")
+        return responses.PlainTextResponse(refusal, status_code=401)
+    try:
+        words = await uploads.transcribe(pod, request)
+    except uploads.Refused as exc:
+        return responses.PlainTextResponse(exc.message, status_code=exc.status)
+    return responses.JSONResponse(words)
 
 
 def _status(ok: bool, state: str) -> responses.Response:

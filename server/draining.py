@@ -20,7 +20,8 @@ from typing import Any
 
 import uvicorn
 
-from asrpool.server import pods, sessions
+from asrpool.common import protocol
+from asrpool.server import outcomes, pods
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ async def drain(pod: pods.Pod, grace: float) -> None:
     leftover = pod.sessions.streams()
     if leftover:
         logger.info("drain grace over: closing %d streams", len(leftover))
-    shutting_down = sessions.Outcome.failure("server shutting down", "draining", 1012)
+    shutting_down = outcomes.Failed(
+        "server shutting down", "draining", protocol.CloseCode.RESTART)
     for stream in leftover:
         if stream.attached:
             stream.end_connection(shutting_down)

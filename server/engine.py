@@ -78,15 +78,17 @@ class BatchedEngine:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def reset_slot(self, slot: int) -> None:
-        """Start a fresh stream in ``slot``; every other slot is untouched."""
+    def reset_slot(self, slot: int, keep_markers: bool = False) -> None:
+        """Start a fresh stream in ``slot``; every other slot is untouched. With
+        ``keep_markers`` (a client's ``Init``), its pending markers stay due as many
+        steps later as they were."""
         self._check_slot(slot)
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         mask[slot] = True
         self.model.mimi.reset_streaming(mask)
         self.lm_gen.reset_streaming(mask)
         self._prev_codes[slot] = self._pad_codes[slot]
-        self.decoders[slot].reset()
+        self.decoders[slot].reset(keep_markers)
 
     def add_marker(self, slot: int, marker_id: int, frames_pending: int) -> None:
         self._check_slot(slot)

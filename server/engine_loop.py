@@ -106,6 +106,8 @@ class EngineLoop:
 def run_batch(engine: engine_mod.BatchedEngine, batch: slots.Batch) -> StepOutput:
     for slot in batch.resets:
         engine.reset_slot(slot)
+    for slot in batch.restarts:
+        engine.reset_slot(slot, keep_markers=True)
     for slot, marker_id, frames_pending in batch.markers:
         engine.add_marker(slot, marker_id, frames_pending)
     if not batch.frames:

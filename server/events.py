@@ -67,12 +67,14 @@ class WordDecoder:
     last_stop_time: float = 0.0
     markers: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (due step, id)
 
-    def reset(self) -> None:
+    def reset(self, keep_markers: bool = False) -> None:
+        """A fresh stream; pending markers are dropped, or kept as due as they were."""
+        self.markers = [(due - self.step_idx, mid) for due, mid in self.markers
+                        if keep_markers]
         self.step_idx = 0
         self.word_tokens.clear()
         self.unended_word = False
         self.last_stop_time = 0.0
-        self.markers.clear()
 
     def add_marker(self, marker_id: int, frames_pending: int) -> None:
         """Due once the frames already queued and ``delay`` more steps have run."""

@@ -17,7 +17,16 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 
 from asrpool.common import auth, protocol, registry
-from asrpool.server import engine_loop, heartbeat, metrics, sessions, settings, slots
+from asrpool.server import (
+    engine_loop,
+    handles,
+    heartbeat,
+    metrics,
+    outcomes,
+    sessions,
+    settings,
+    slots,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -109,17 +118,43 @@ class Pod:
                 return "missing or invalid API key"
         return None
 
-    def not_accepting(self) -> sessions.Outcome | None:
+    def not_accepting(self) -> outcomes.Failed | None:
         """Why a new stream is refused after the upgrade, or None."""
         if self.state is State.DRAINING:
-            return sessions.Outcome.failure("server is draining", "draining", 1013)
+            return outcomes.Failed("server is draining", "draining", protocol.CloseCode.TRY_AGAIN)
         if self.state is not State.READY:
-            return sessions.Outcome.failure("model is still loading", "busy", 1013)
+            return outcomes.busy("model is still loading")
         return None
 
-    def modules_info(self) -> dict[str, object]:
-        return {"total_slots": self.sessions.total, "used_slots": self.sessions.used,
-                "model": self.model_id, "draining": self.state is State.DRAINING}
+    def open(self, resumable: bool) -> handles.Handle | outcomes.Failed:
+        """A new stream in a free slot, or why not."""
+        refused = self.not_accepting()
+        if refused is not None:
+            return refused
+        stream = self.sessions.open(resumable)
+        return outcomes.busy() if stream is None else self._handle(stream)
+
+    async def reclaim(self, token: str) -> handles.Handle | outcomes.Failed:
+        """The stream a resume token names, taken over from any older connection."""
+        stream = await self.sessions.reclaim(token)
+        if stream is None:
+            return outcomes.Failed("unknown or expired resume token", "bad_resume_token")
+        stream.resumable = True
+        return self._handle(stream)
+
+    def _handle(self, stream: sessions.Stream) -> handles.Handle:
+        return handles.Handle(stream, self.sessions, self.buffers, self.metrics, self.settings)
+
+    def count_error(self, code: str) -> None:
+        self.metrics.errors.labels(code).inc()
+
+    def modules_info(self) -> list[dict[str, str]]:
+        """moshi-server's shape (a list of modules, every value a string), plus
+        ``model`` and ``draining``."""
+        return [{"type": "batched_asr", "path": protocol.STREAMING_PATH,
+                 "lm": self.model_id, "audio_tokenizer": self.model_id,
+                 "used_slots": str(self.sessions.used), "total_slots": str(self.sessions.total),
+                 "model": self.model_id, "draining": str(self.state is State.DRAINING).lower()}]
 
     def beat(self) -> registry.PodHeartbeat:
         return registry.PodHeartbeat(

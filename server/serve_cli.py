@@ -31,9 +31,13 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--drain-grace-seconds": ("drain_grace_seconds", float, "SIGTERM: wait this long"),
     "--max-buffer-seconds": ("max_buffer_seconds", float, "per-slot audio cap (backpressure)"),
     "--resume-grace-seconds": ("resume_grace_seconds", float, "keep a dropped stream this long"),
-    "--idle-timeout-seconds": ("idle_timeout_seconds", float, "drop a silent client after"),
+    "--idle-timeout-seconds": ("idle_timeout_seconds", float,
+                               "drop a client sending no audio for this long"),
     "--ping-interval-seconds": ("ping_interval_seconds", float, "websocket ping period"),
+    "--ping-timeout-seconds": ("ping_timeout_seconds", float,
+                               "drop a client not answering a ping within this"),
     "--max-message-bytes": ("max_message_bytes", int, "largest client message accepted"),
+    "--max-upload-bytes": ("max_upload_bytes", int, "largest POST /api/asr-streaming body"),
     "--heartbeat-interval-seconds": ("heartbeat_interval_seconds", float, "Redis beat period"),
     "--log-level": ("log_level", str, "debug | info | warning | error"),
 }
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     import pydantic
     import uvicorn
 
-    from asrpool.common import auth
+    from asrpool.common import auth, framing
     from asrpool.server import app as app_mod
     from asrpool.server import draining
 
@@ -68,11 +72,12 @@ def run(args: argparse.Namespace) -> int:
     app = app_mod.create_app(config, deps)
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level,
-        ws="websockets-sansio", ws_max_size=4 * config.max_message_bytes,
-        # Pings keep idle connections open through proxies; no ping timeout, because a
-        # pod applying backpressure stops reading (pongs too). Silent clients are
-        # dropped by the stream's own idle timeout instead.
-        ws_ping_interval=config.ping_interval_seconds, ws_ping_timeout=None,
+        ws=framing.WebSocketProtocol, ws_max_size=config.max_message_bytes,
+        # A client that answers no ping within the timeout and sent nothing else
+        # meanwhile is gone (moshi-server: 20 s without any frame); one held back by
+        # backpressure is not (framing.WebSocketProtocol).
+        ws_ping_interval=config.ping_interval_seconds,
+        ws_ping_timeout=config.ping_timeout_seconds,
         timeout_graceful_shutdown=5,
         lifespan="on")
     server = draining.DrainingServer(uv_config, app.state.pod)

@@ -1,8 +1,9 @@
 """Streams and their slots, on the event loop: open, attach, detach for a resume, close.
 
 A :class:`Stream` holds one slot from its first ``Ready`` until it ends. While its
-client is attached, a writer task sends its outbox; after an unexpected disconnect it
-stays, detached, for the resume grace period: the engine keeps working through its
+client is attached, a writer task sends its outbox; after a lost connection of a client
+that asked to resume (``asrpool-resumable: 1``; the router always does) it stays,
+detached, for the resume grace period: the engine keeps working through its
 buffered audio and the results wait in the (bounded) outbox for a reconnect with its
 resume token.
 """
@@ -17,23 +18,9 @@ import uuid
 from collections.abc import Callable
 
 from asrpool.common import protocol
-from asrpool.server import engine_loop, events, slots
+from asrpool.server import engine_loop, events, inputs, outcomes, slots
 
 HISTORY = 512  # sent messages kept per stream, to replay what a dropped connection lost
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """How a connection ended; ``message`` (an Error) is sent before closing."""
-
-    kind: str  # clean | dropped | error | replaced
-    message: bytes | None = None
-    close_code: int = 1000
-    code: str | None = None  # the Error's code, for metrics
-
-    @classmethod
-    def failure(cls, message: str, code: str, close_code: int = 1008) -> Outcome:
-        return cls("error", protocol.error(message, code), close_code, code)
 
 
 @dataclasses.dataclass(eq=False)
@@ -45,8 +32,10 @@ class Stream:
     outbox: collections.deque[bytes] = dataclasses.field(default_factory=collections.deque)
     has_output: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     room: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    resumable: bool = False  # kept for the grace after a lost connection
+    input: inputs.StreamInput = dataclasses.field(default_factory=inputs.StreamInput)
     attached: bool = False
-    kick: asyncio.Future[Outcome] | None = None
+    kick: asyncio.Future[outcomes.Outcome] | None = None
     detached: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     expiry: asyncio.TimerHandle | None = None
     sent: int = 0  # messages of this stream sent so far (not counting the Ready of an attach)
@@ -77,7 +66,7 @@ class Stream:
         self.has_output.set()
         return lost
 
-    def end_connection(self, outcome: Outcome) -> None:
+    def end_connection(self, outcome: outcomes.Outcome) -> None:
         """Ask the attached connection to end (drain, takeover, overflow)."""
         if self.kick is not None and not self.kick.done():
             self.kick.set_result(outcome)
@@ -108,12 +97,12 @@ class Sessions:
     def streams(self) -> list[Stream]:
         return list(self._streams.values())
 
-    def open(self) -> Stream | None:
+    def open(self, resumable: bool = False) -> Stream | None:
         """A new stream in the lowest free slot, or None when all are taken."""
         free = next((s for s in range(self.total) if s not in self._streams), None)
         if free is None:
             return None
-        stream = Stream(slot=free, generation=self._buffers.start(free))
+        stream = Stream(slot=free, generation=self._buffers.start(free), resumable=resumable)
         self._streams[free] = stream
         self._tokens[stream.resume_token] = stream
         self._on_change()
@@ -125,7 +114,7 @@ class Sessions:
         if stream is None:
             return None
         while stream.attached:  # the old connection may not know yet that it is dead
-            stream.end_connection(Outcome("replaced"))
+            stream.end_connection(outcomes.Replaced())
             await stream.detached.wait()
         if self._tokens.get(token) is not stream:
             return None
@@ -134,7 +123,7 @@ class Sessions:
             stream.expiry = None
         return stream
 
-    def attach(self, stream: Stream) -> asyncio.Future[Outcome]:
+    def attach(self, stream: Stream) -> asyncio.Future[outcomes.Outcome]:
         stream.attached = True
         stream.detached.clear()
         stream.kick = asyncio.get_running_loop().create_future()
@@ -142,19 +131,19 @@ class Sessions:
         return stream.kick
 
     def restart(self, stream: Stream) -> None:
-        """``Init``: a fresh stream in the same slot, announced by a new Ready."""
-        stream.generation = self._buffers.start(stream.slot)
-        stream.outbox.clear()
+        """``Init``, as moshi-server: a new ``Ready`` after what is queued, and the model
+        row reset; buffered audio, pending markers and queued results stay."""
+        self._buffers.restart(stream.slot)
         stream.post(protocol.ready())
 
-    def finish(self, stream: Stream, outcome: Outcome) -> None:
-        """The connection is gone: keep the stream for a resume, or end it."""
+    def finish(self, stream: Stream, outcome: outcomes.Outcome) -> None:
+        """The connection is gone: keep a resumable stream for a resume, or end it."""
         stream.attached = False
         stream.kick = None
         stream.detached.set()
-        if outcome.kind == "replaced":
+        if isinstance(outcome, outcomes.Replaced):
             return
-        if outcome.kind == "dropped" and self._grace > 0:
+        if isinstance(outcome, outcomes.Lost) and stream.resumable and self._grace > 0:
             loop = asyncio.get_running_loop()
             stream.expiry = loop.call_later(self._grace, self.close, stream)
             return
@@ -168,7 +157,7 @@ class Sessions:
         del self._streams[stream.slot]
         self._tokens.pop(stream.resume_token, None)
         self._buffers.stop(stream.slot)
-        stream.end_connection(Outcome.failure("stream closed", "internal"))
+        stream.end_connection(outcomes.Failed("stream closed", "internal"))
         self._on_change()
 
     def deliver(self, output: engine_loop.StepOutput) -> None:
@@ -186,7 +175,7 @@ class Sessions:
 
     def _overflow(self, stream: Stream) -> None:
         if stream.attached:
-            stream.end_connection(Outcome.failure(
-                "too many results waiting: the client does not read them", "too_slow", 1008))
+            stream.end_connection(outcomes.Failed(
+                "too many results waiting: the client does not read them", "too_slow"))
         else:
             self.close(stream)

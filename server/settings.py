@@ -41,11 +41,16 @@ class ServerSettings(pydantic_settings.BaseSettings):
 
     # Per-stream limits and timers.
     max_buffer_seconds: float = pydantic.Field(default=10.0, gt=0)
+    # As moshi-server: frames up to 16 MiB; a client is idle after 120 s without a
+    # binary message, and dead after 20 s without any frame (a ping every 10 s that
+    # is not answered within 10 s).
     max_message_bytes: int = pydantic.Field(default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    max_upload_bytes: int = pydantic.Field(default=64 << 20, ge=1024)  # POST bodies
     resume_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
     max_pending_messages: int = pydantic.Field(default=10_000, ge=16)
-    idle_timeout_seconds: float = pydantic.Field(default=20.0, gt=0)
+    idle_timeout_seconds: float = pydantic.Field(default=120.0, gt=0)
     ping_interval_seconds: float = pydantic.Field(default=10.0, gt=0)
+    ping_timeout_seconds: float = pydantic.Field(default=10.0, gt=0)
     drain_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
     warmup_steps: int = pydantic.Field(default=2, ge=0)
 

@@ -4,8 +4,9 @@ Websocket handlers (event loop) push audio and markers; the engine thread takes 
 most one 1920-sample frame per slot per step. Everything goes through one lock and
 one condition; every operation is short (no model work under the lock).
 
-Each slot has a *generation*, bumped whenever its stream starts, restarts (``Init``)
-or ends. The engine thread reports the generation with every event, so output of an
+Each slot has a *generation*, bumped whenever its stream starts or ends. A client's
+``Init`` restarts the model row alone (as moshi-server): the generation, buffered audio
+and pending markers stay. The engine thread reports the generation with every event, so output of an
 old stream never reaches a new one.
 """
 
@@ -28,6 +29,7 @@ class _SlotInput:
     generation: int = 0
     active: bool = False
     needs_reset: bool = False
+    needs_restart: bool = False  # Init: reset the model row, keep audio and markers
     chunks: collections.deque[np.ndarray] = dataclasses.field(default_factory=collections.deque)
     offset: int = 0  # samples of chunks[0] already taken
     samples: int = 0  # buffered samples, not yet handed to the engine
@@ -69,7 +71,7 @@ class _SlotInput:
 
     @property
     def ready(self) -> bool:
-        return self.active and (self.needs_reset or bool(self.markers)
+        return self.active and (self.needs_reset or self.needs_restart or bool(self.markers)
                                 or self.samples >= FRAME_SIZE)
 
 
@@ -79,6 +81,7 @@ class Batch:
 
     generations: dict[int, int]
     resets: list[int]
+    restarts: list[int]  # Init: the model row resets, its pending markers stay
     markers: list[tuple[int, int, int]]  # (slot, id, frames pending)
     frames: dict[int, np.ndarray]
     arrivals: dict[int, float]  # slot -> arrival time of its frame
@@ -105,13 +108,19 @@ class SlotBuffers:
             self._cond.notify()
             return state.generation
 
+    def restart(self, slot: int) -> None:
+        """``Init``: the engine resets the slot's model row before its next frame."""
+        with self._cond:
+            self._slots[slot].needs_restart = True
+            self._cond.notify()
+
     def stop(self, slot: int) -> None:
         """The slot's stream is over: drop whatever it had buffered."""
         with self._cond:
             state = self._slots[slot]
             state.clear()
             state.active = False
-            state.needs_reset = False
+            state.needs_reset = state.needs_restart = False
 
     def push_audio(self, slot: int, pcm: np.ndarray) -> None:
         if not len(pcm):
@@ -161,6 +170,7 @@ class SlotBuffers:
     def _take_locked(self) -> Batch:
         generations: dict[int, int] = {}
         resets: list[int] = []
+        restarts: list[int] = []
         markers: list[tuple[int, int, int]] = []
         frames: dict[int, np.ndarray] = {}
         arrivals: dict[int, float] = {}
@@ -171,11 +181,14 @@ class SlotBuffers:
             generations[slot] = state.generation
             if state.needs_reset:
                 resets.append(slot)
-                state.needs_reset = False
+                state.needs_reset = state.needs_restart = False
+            elif state.needs_restart:
+                restarts.append(slot)
+                state.needs_restart = False
             markers.extend((slot, mid, due - state.frames_taken) for mid, due in state.markers)
             state.markers.clear()
             if state.samples >= FRAME_SIZE:
                 arrivals[slot] = state.frame_arrival()
                 frames[slot] = state.pop_frame()
             buffered[slot] = state.samples
-        return Batch(generations, resets, markers, frames, arrivals, buffered)
+        return Batch(generations, resets, restarts, markers, frames, arrivals, buffered)

@@ -33,6 +33,53 @@ def load_audio(path: str | Path) -> np.ndarray:
     return np.ascontiguousarray(pcm)
 
 
+def decode_audio_bytes(data: bytes) -> np.ndarray:
+    """A whole WAV/FLAC/OGG/MP3 file's bytes to 24 kHz mono float32 (its first channel,
+    as moshi-server's POST takes). Raises :class:`AudioFileError` saying why not."""
+
+    if not data:
+        raise AudioFileError("the body is empty: send a WAV, FLAC, OGG or MP3 file")
+    if data[:4] == b"OggS" and b"OpusHead" in data[:128]:
+        pcm = _decode_opus(data)
+    else:
+        pcm = _decode_file(data)
+    if pcm.size == 0:
+        raise AudioFileError("the body holds no audio")
+    return pcm
+
+
+def _decode_opus(data: bytes) -> np.ndarray:
+    import sphn
+
+    try:
+        pcm, rate = sphn.read_opus_bytes(data)  # symphonia has no Opus decoder
+        pcm = sphn.resample(np.asarray(pcm, dtype=np.float32)[0], rate, SAMPLE_RATE)
+    except Exception as exc:  # sphn raises plain exceptions for broken streams
+        raise AudioFileError(f"the body is not a readable Ogg Opus file: {exc}") from exc
+    return np.ascontiguousarray(pcm, dtype=np.float32)
+
+
+def _decode_file(data: bytes) -> np.ndarray:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(prefix="asrpool-upload-") as file:
+        file.write(data)
+        file.flush()
+        return _decode_first_channel(file.name)
+
+
+def _decode_first_channel(path: str) -> np.ndarray:
+    import sphn
+
+    try:
+        data, _ = sphn.read(path, sample_rate=SAMPLE_RATE)
+    except Exception as exc:  # sphn raises plain exceptions for unsupported formats
+        reason = str(exc).replace(f'"{path}": ', "")
+        raise AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}") from exc
+    pcm = np.asarray(data, dtype=np.float32)
+    return np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm)
+
+
 def kyutai_file_messages(
     pcm: np.ndarray, marker_id: int = 0, chunk: int = FRAME_SIZE
 ) -> Iterator[dict[str, Any]]:

@@ -8,6 +8,7 @@ plain Kyutai client never sees a message it cannot parse.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Literal, TypedDict
 
 import msgpack
@@ -27,10 +28,36 @@ SESSION_ID_HEADER = "asrpool-session-id"
 # received before the drop (request), so each side replays only what the other missed.
 RESUME_OFFSET_HEADER = "asrpool-resume-offset"
 RESUME_RECEIVED_HEADER = "asrpool-resume-received"
+# A client that may come back sends ``asrpool-resumable: 1`` (the router always does):
+# only its stream is kept for the resume grace after a lost connection. Every other
+# close or drop frees the slot at once, as moshi-server does.
+RESUMABLE_HEADER = "asrpool-resumable"
 
-# Kyutai's file client sends 1 s (24,000-sample) silences; leave ample room.
-DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+# moshi-server (axum) takes websocket frames up to 16 MiB: a 10 s float32 chunk is 1.2 MB.
+DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 BUSY_MESSAGE = "no free channels"
+# A plain GET of the streaming path (no upgrade): HTTP 426, as a websocket server answers.
+UPGRADE_REQUIRED = "upgrade to a websocket, or POST a WAV/FLAC/OGG/MP3 file"
+
+
+class CloseCode(enum.IntEnum):
+    """Websocket close codes the pods and routers send (RFC 6455 section 7.4.1)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    NO_STATUS = 1005  # never sent: a close frame without a code, as received
+    LOST = 1006  # never sent: no close frame at all
+    POLICY = 1008  # bad input, bad resume token
+    TOO_LARGE = 1009
+    INTERNAL = 1011  # the pod was lost
+    RESTART = 1012  # the pod or router is shutting down
+    TRY_AGAIN = 1013  # busy, draining, loading
+    TLS = 1015  # never sent
+
+
+def resumable(headers: Any) -> bool:
+    """Whether an upgrade request asks for its stream to be kept after a lost connection."""
+    return headers.get(RESUMABLE_HEADER, "") == "1" or bool(headers.get(RESUME_TOKEN_HEADER))
 
 
 class AudioMessage(TypedDict):
@@ -43,11 +70,16 @@ class MarkerMessage(TypedDict):
     id: int
 
 
+class OggOpusMessage(TypedDict):
+    type: Literal["OggOpus"]
+    data: bytes  # a piece of an Ogg Opus stream (pages may be split across messages)
+
+
 class InitMessage(TypedDict):
     type: Literal["Init"]
 
 
-ClientMessage = AudioMessage | MarkerMessage | InitMessage
+ClientMessage = AudioMessage | MarkerMessage | OggOpusMessage | InitMessage
 
 
 class ProtocolError(ValueError):
@@ -75,15 +107,18 @@ def error(message: str, code: str | None = None) -> bytes:
     return encode(body)
 
 
+def too_large(size: int, max_bytes: int) -> ProtocolError:
+    return ProtocolError(
+        f"message of {size} bytes exceeds the limit of {max_bytes} bytes", "too_large")
+
+
 def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ClientMessage:
     """Parse and validate one binary frame from a client.
 
     Raises :class:`ProtocolError` naming what is wrong; never returns a half-valid message.
     """
     if len(data) > max_bytes:
-        raise ProtocolError(
-            f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes", "too_large"
-        )
+        raise too_large(len(data), max_bytes)
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -96,6 +131,8 @@ def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Cl
         return {"type": "Audio", "pcm": _pcm(body.get("pcm"))}
     if kind == "Marker":
         return {"type": "Marker", "id": _marker_id(body.get("id"))}
+    if kind == "OggOpus":
+        return {"type": "OggOpus", "data": _opus_data(body.get("data"))}
     if kind == "Init":
         return {"type": "Init"}
     if kind is None:
@@ -118,6 +155,12 @@ def _pcm(value: Any) -> np.ndarray:
     if not np.isfinite(pcm).all():
         raise ProtocolError("'pcm' contains NaN or infinite samples", "bad_audio")
     return pcm
+
+
+def _opus_data(value: Any) -> bytes:
+    if not isinstance(value, bytes | bytearray):
+        raise ProtocolError(f"'data' of OggOpus must be bytes, got {type(value).__name__}")
+    return bytes(value)
 
 
 def _marker_id(value: Any) -> int:

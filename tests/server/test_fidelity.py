@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import sphn
 
 from asrpool.common import audio
@@ -57,12 +58,19 @@ async def test_two_streams_at_once_each_get_their_own_words(
 
 async def test_init_starts_a_fresh_stream_in_the_same_slot(
         idle_server: servers.ServerProcess) -> None:
+    """Init resets the model row (as moshi-server, buffered audio stays: the test waits
+    until the engine has taken all of it)."""
     noise = conftest.speechlike(2.0, seed=8)
     pcm = conftest.speechlike(2.0, seed=9)
     async with await kyutai_client.connect(idle_server.ws_url) as ws:
         await kyutai_client.expect(ws, "Ready")
-        await kyutai_client.send_paced(ws, kyutai_client.short_messages(noise, marker_id=1))
+        whole_frames = np.zeros(20 * kyutai_client.FRAME_SIZE, dtype=np.float32)
+        await kyutai_client.send_paced(ws, [
+            *kyutai_client.short_messages(noise, marker_id=1)[:-5],
+            {"type": "Audio", "pcm": whole_frames}])
         await kyutai_client.until_marker(ws, 1)
+        while idle_server.metric("asr_buffered_audio_seconds"):
+            await asyncio.sleep(0.05)
         await ws.send(kyutai_client.pack({"type": "Init"}))
         while (await kyutai_client.receive(ws))["type"] != "Ready":
             pass  # results of the old stream still in flight may come first

@@ -14,6 +14,7 @@ from tests.support import kyutai_client, servers
 
 GRACE = 3.0
 SECOND = 24_000
+RESUMABLE = {"asrpool-resumable": "1"}  # a direct client asks to be kept after a drop
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ async def test_resume_continues_with_context_intact(
     first, second = 3 * SECOND, 4 * SECOND
     received: list[dict[str, object]] = []
 
-    ws = await kyutai_client.connect(resume_server.ws_url)
+    ws = await kyutai_client.connect(resume_server.ws_url, RESUMABLE)
     await kyutai_client.expect(ws, "Ready")
     assert ws.response is not None
     token = ws.response.headers["asrpool-resume-token"]
@@ -82,7 +83,7 @@ async def test_resume_continues_with_context_intact(
 
 async def test_unclaimed_slot_is_freed_after_the_grace_period(
         resume_server: servers.ServerProcess) -> None:
-    ws = await kyutai_client.connect(resume_server.ws_url)
+    ws = await kyutai_client.connect(resume_server.ws_url, RESUMABLE)
     await kyutai_client.expect(ws, "Ready")
     assert ws.response is not None
     token = ws.response.headers["asrpool-resume-token"]
@@ -125,7 +126,7 @@ async def test_a_clean_close_ends_the_stream_at_once(
 
 async def test_a_resume_takes_over_a_connection_not_yet_seen_dead(
         resume_server: servers.ServerProcess) -> None:
-    async with await kyutai_client.connect(resume_server.ws_url) as old:
+    async with await kyutai_client.connect(resume_server.ws_url, RESUMABLE) as old:
         await kyutai_client.expect(old, "Ready")
         assert old.response is not None
         token = old.response.headers["asrpool-resume-token"]

@@ -31,8 +31,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     config = serve_cli.settings_from(_parse("--host", "10.1.2.3"))
     assert (config.port, config.pool, config.address) == (8080, "default", "10.1.2.3:8080")
-    assert config.max_message_bytes == 1 << 20
-    assert config.resume_grace_seconds == 30 and config.idle_timeout_seconds == 20
+    assert config.max_message_bytes == 16 << 20  # moshi-server's frame limit
+    assert config.resume_grace_seconds == 30 and config.idle_timeout_seconds == 120
+    assert (config.ping_interval_seconds, config.ping_timeout_seconds) == (10, 10)
 
 
 def test_cli_module_does_not_import_torch_or_fastapi() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asrpool.server import sessions, slots
+from asrpool.server import events, sessions, slots
 
 
 def test_frames_cross_message_boundaries_and_markers_count_full_frames() -> None:
@@ -54,3 +54,29 @@ def test_replay_when_the_client_got_more_than_counted() -> None:
     assert stream.replay_from(received=2) == 0
     assert list(stream.outbox) == [b"\x02"]
     assert stream.sent == 2
+
+
+def test_restart_keeps_audio_markers_and_generation() -> None:
+    """Init (as moshi-server): the model row resets, what the stream had queued stays."""
+    buffers = slots.SlotBuffers(1)
+    generation = buffers.start(0)
+    assert buffers.take(timeout=0) is not None  # the start's reset
+    buffers.push_audio(0, np.zeros(3 * 1920, dtype=np.float32))
+    buffers.push_marker(0, 5)
+    buffers.restart(0)
+    batch = buffers.take(timeout=0)
+    assert batch is not None
+    assert (batch.resets, batch.restarts, batch.markers) == ([], [0], [(0, 5, 3)])
+    assert batch.generations == {0: generation} and buffers.buffered(0) == 2 * 1920
+
+
+def test_a_restart_keeps_pending_markers_as_many_steps_later() -> None:
+    decoder = events.WordDecoder(delay=2, detokenize=lambda ids: "w")
+    for _ in range(4):
+        decoder.feed(3)
+    decoder.add_marker(7, frames_pending=1)  # due at step 4 + 1 + 2 = 7
+    decoder.reset(keep_markers=True)
+    assert [decoder.feed(3) for _ in range(3)][-1] == [events.Marker(7)]
+    decoder.add_marker(8, frames_pending=0)
+    decoder.reset()
+    assert not any(decoder.feed(3) for _ in range(5))

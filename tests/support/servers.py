@@ -94,7 +94,11 @@ class ServerProcess:
             return str(response.read().decode())
 
     def modules_info(self) -> dict[str, Any]:
-        return dict(json.loads(self.http_get("/api/modules_info")))
+        """The batched ASR module of ``/api/modules_info`` (moshi-server's list of string
+        maps), its slot counts as ints."""
+        module = json.loads(self.http_get("/api/modules_info"))[0]
+        ints = {k: int(module[k]) for k in ("used_slots", "total_slots")}
+        return dict(module) | ints
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait until no slot is used (a closed stream frees its slot a moment later)."""

@@ -1,0 +1,57 @@
+"""The websocket protocol of pods and routers: moshi-server's frame limit and liveness.
+
+Both run uvicorn's sans-I/O websocket protocol through :class:`WebSocketProtocol`, a
+subclass that changes two policies to moshi-server's:
+
+- Frame limit: ``ws_max_size`` equals ``max_message_bytes`` (16 MiB by default, as
+  moshi-server's axum). A larger frame is refused by the parser from its header,
+  before its payload is buffered; plain uvicorn then closes with 1009 and says
+  nothing. Here the client first gets ``Error{code:"too_large"}`` naming the sizes.
+  The application then receives a disconnect with code 1009.
+- Liveness: moshi-server drops a client it has heard nothing from (no frame of any
+  kind) for 20 s, and pings after 10 s. uvicorn pings every ``ws_ping_interval`` and
+  drops a client whose pong is late by ``ws_ping_timeout``, even one that sends audio
+  all along. Here a late pong drops the client only if nothing at all arrived since
+  the ping was sent, and never while the application is not reading (backpressure:
+  the client's bytes, pongs included, wait in the socket because of us).
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.websockets import websockets_sansio_impl
+from websockets import exceptions, frames
+
+from asrpool.common import protocol
+
+
+class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
+    """uvicorn's ``websockets-sansio`` protocol with moshi-server's policies."""
+
+    heard_at = 0.0  # loop time of the last bytes received from the client
+
+    def data_received(self, data: bytes) -> None:
+        self.heard_at = self.loop.time()
+        super().data_received(data)
+
+    def keepalive_timeout(self) -> None:
+        if self.read_paused or self.heard_at > self.ping_sent_at:
+            self.pong_timer = None  # alive (or held back by us): ping again later
+            self.pending_ping_payload = None
+            self.schedule_ping()
+            return
+        super().keepalive_timeout()
+
+    def handle_parser_exception(self) -> None:
+        exc = self.conn.parser_exc
+        if isinstance(exc, exceptions.PayloadTooBig) and exc.message is None:
+            error = protocol.error(_reason(exc), "too_large")
+            frame = frames.Frame(frames.Opcode.BINARY, error)
+            self.transport.write(frame.serialize(mask=False))
+        super().handle_parser_exception()
+
+
+def _reason(exc: exceptions.PayloadTooBig) -> str:
+    """The sizes as far as the parser knows them (a compressed frame's size is not)."""
+    if exc.size is None:
+        return f"message exceeds the limit of {exc.max_size} bytes once decompressed"
+    return str(protocol.too_large(exc.size + (exc.current_size or 0), exc.max_size))

@@ -1,0 +1,102 @@
+"""``POST /api/asr-streaming`` through the router: one slot for the length of the request.
+
+The same admission as a websocket stream (pool from ``?pool=`` or the path, API key,
+policy, a pod that refuses or cannot be reached is left for the next), then the body
+is posted to that pod with the pod token, and the pod's answer (moshi-server's JSON
+list of ``Word``/``EndWord``, or a 4xx/5xx with a one-line reason) is passed on. The
+session counts against its pod and key until the pod has answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import aiohttp
+import redis
+from starlette import requests, responses
+
+from asrpool.common import bodies, protocol
+from asrpool.router import admissions, placing, pods, refusals, streaming, tokens, wiring
+
+log = logging.getLogger(__name__)
+
+_POD_SECONDS = 3600.0  # a whole file at faster than real time; the pod bounds its own wait
+_STATUS = {"unknown_pool": 404, "key_limit": 429, "busy": 503, "unavailable": 503}
+
+
+async def transcribe(
+    request: requests.Request, pool: str | None, deps: wiring.Deps
+) -> responses.Response:
+    key = streaming.authenticate(request, deps.keyring)
+    if key is None:
+        deps.meters.rejections.labels("unauthorized").inc()
+        return responses.PlainTextResponse("invalid or missing API key", status_code=401)
+    try:
+        body = await bodies.read_limited(request, deps.config.max_upload_bytes)
+    except bodies.TooLarge as exc:
+        return _refused(413, str(exc))
+    pool = pool or deps.config.default_pool
+    if not refusals.valid_pool(pool):
+        return _refusal(refusals.unknown_pool(pool), deps)
+    token = tokens.mint(tokens.new_session_id())
+    ask = admissions.Request(pool, key.id, key.max_streams or 0, token, uuid.uuid4().hex)
+    try:
+        return await _on_a_pod(ask, body, deps)
+    except redis.RedisError as exc:
+        deps.meters.redis_errors.labels("admit").inc()
+        log.warning("upload not admitted, Redis unreachable: %s", exc)
+        return _refusal(refusals.unavailable(), deps)
+
+
+async def _on_a_pod(ask: admissions.Request, body: bytes, deps: wiring.Deps) -> responses.Response:
+    tried: list[str] = []
+    while len(tried) < deps.config.pod_attempts:
+        got = await deps.admissions.admit(ask, tried)
+        if isinstance(got, admissions.Refused):
+            return _refusal(placing.refusal_for(got, ask), deps)
+        answer = await _held(got, body, deps)
+        if answer is not None:
+            return answer
+        tried.append(got.pod_id)
+    return _refusal(refusals.busy(), deps)
+
+
+async def _held(
+    session: admissions.Session, body: bytes, deps: wiring.Deps
+) -> responses.Response | None:
+    """The pod's answer, or None when it is full or cannot be reached (try another)."""
+    await deps.admissions.attach(session)
+    deps.sessions.add(session)  # renewed while the pod works
+    try:
+        status, text, kind = await _post(session.address, body, deps)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.info("pod %s did not take an upload: %s", session.pod_id, exc)
+        return None
+    finally:
+        deps.sessions.discard(session)
+        await deps.admissions.release(session)
+    if status == 503:  # busy, draining or loading: another pod may take it
+        return None
+    deps.meters.admissions.labels(session.pool, "upload").inc()
+    return responses.Response(text, status_code=status, media_type=kind)
+
+
+async def _post(address: str, body: bytes, deps: wiring.Deps) -> tuple[int, str, str]:
+    timeout = aiohttp.ClientTimeout(total=_POD_SECONDS, connect=deps.config.pod_connect_timeout_s)
+    headers = {k: v for k, v in pods.headers(deps.config).items() if k != protocol.RESUMABLE_HEADER}
+    url = f"http://{address}{protocol.STREAMING_PATH}"
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as client,
+        client.post(url, data=body, headers=headers) as reply,
+    ):
+        return reply.status, await reply.text(), reply.content_type
+
+
+def _refusal(refusal: refusals.Refusal, deps: wiring.Deps) -> responses.Response:
+    deps.meters.rejections.labels(refusal.code).inc()
+    return _refused(_STATUS.get(refusal.code, 503), refusal.message)
+
+
+def _refused(status: int, message: str) -> responses.Response:
+    return responses.PlainTextResponse(message, status_code=status)

@@ -1,0 +1,115 @@
+"""One stream as its connection sees it: the one seam between a handler and the pod.
+
+The websocket handler (and ``POST /api/asr-streaming``) holds a :class:`Handle` and
+never reaches into the pod's buffers, sessions or metrics: it pushes client messages,
+asks how much is buffered or was received, waits for room (backpressure) and for
+output, and finishes with an :data:`outcomes.Outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from asrpool.common import protocol
+from asrpool.server import metrics, outcomes, sessions, settings, slots
+
+_DECODE_IN_LOOP = 64 << 10  # larger OggOpus messages are decoded in a thread
+
+
+class Handle:
+    def __init__(self, stream: sessions.Stream, streams: sessions.Sessions,
+                 buffers: slots.SlotBuffers, meters: metrics.ServerMetrics,
+                 config: settings.ServerSettings) -> None:
+        self._stream = stream
+        self._sessions = streams
+        self._buffers = buffers
+        self._meters = meters
+        self._cap = config.max_buffer_samples
+
+    @property
+    def session_id(self) -> str:
+        return self._stream.session_id
+
+    @property
+    def resume_token(self) -> str:
+        return self._stream.resume_token
+
+    def received(self) -> int:
+        """Samples of this stream the pod has received (the resume offset)."""
+        return self._buffers.received(self._stream.slot)
+
+    def buffered(self) -> int:
+        """Samples waiting for the engine."""
+        return self._buffers.buffered(self._stream.slot)
+
+    def replay_from(self, received: int) -> int:
+        return self._stream.replay_from(received)
+
+    def waiting(self) -> int:
+        return len(self._stream.outbox)
+
+    # Input.
+
+    async def push(self, message: protocol.ClientMessage) -> None:
+        """Take one client message; raises :class:`protocol.ProtocolError`."""
+        if message["type"] == "Marker":
+            self._buffers.push_marker(self._stream.slot, message["id"])
+        elif message["type"] == "Init":
+            self.restart()
+        elif message["type"] == "OggOpus" and len(message["data"]) > _DECODE_IN_LOOP:
+            # Minutes of Opus take a second to decode: not on the event loop. The
+            # reader is awaited before the next message, so the decoder has one user.
+            self.push_audio(await asyncio.to_thread(self._stream.input.pcm, message))
+        else:
+            self.push_audio(self._stream.input.pcm(message))
+
+    def push_audio(self, pcm: np.ndarray) -> None:
+        self._buffers.push_audio(self._stream.slot, pcm)
+
+    def restart(self) -> None:
+        self._sessions.restart(self._stream)
+
+    async def room(self) -> None:
+        """Backpressure: return once the slot's buffer is under its cap."""
+        stream = self._stream
+        while self.buffered() >= self._cap:
+            stream.room.clear()
+            if self.buffered() >= self._cap:
+                await stream.room.wait()
+
+    # Output.
+
+    async def next_output(self) -> bytes:
+        """The next message to send (it stays queued until :meth:`sent`)."""
+        stream = self._stream
+        while not stream.outbox:
+            stream.has_output.clear()
+            await stream.has_output.wait()
+        return stream.outbox[0]
+
+    def sent(self) -> None:
+        self._stream.mark_sent()
+
+    def take_pending(self) -> list[bytes]:
+        pending = list(self._stream.outbox)
+        self._stream.outbox.clear()
+        return pending
+
+    # The connection's life.
+
+    def attach(self, resumed: bool) -> asyncio.Future[outcomes.Outcome]:
+        """The connection is up: the future is set when the pod ends it (drain, takeover,
+        overflow)."""
+        self._meters.connect.inc()
+        if resumed:
+            self._meters.resumes.inc()
+        self._meters.open_channels.inc()
+        return self._sessions.attach(self._stream)
+
+    def detach(self) -> None:
+        self._meters.open_channels.dec()
+
+    def finish(self, outcome: outcomes.Outcome) -> None:
+        self._sessions.finish(self._stream, outcome)

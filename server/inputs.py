@@ -1,0 +1,169 @@
+"""A stream's audio input: raw ``Audio`` PCM or an ``OggOpus`` stream, never both.
+
+Ogg Opus is decoded with sphn's streaming reader (libopus through Rust's ``ogg`` and
+``opus`` crates), which accepts pages split across messages at any byte and gives
+mono float32 at 24 kHz whatever the stream's rate. Pages are framed and CRC-checked
+here first (sphn loses sync silently on a truncated page), and the first one must hold
+an ``OpusHead`` for one channel (sphn would silently down-mix a stereo stream).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from asrpool.common import protocol
+
+_PAGE_HEADER = 27  # "OggS", version, type, granule (8), serial (4), sequence (4), CRC (4), segments
+_CRC_AT = 22
+_MAX_PAGE = _PAGE_HEADER + 255 + 255 * 255
+_CANDIDATES = 4
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7 if crc & 0x80000000 else crc << 1) & 0xFFFFFFFF
+        table.append(crc)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def ogg_crc(page: bytes) -> int:
+    """Ogg's CRC-32 (polynomial 0x04c11db7, not reflected) of a page, its CRC field zeroed."""
+    crc = 0
+    for byte in page[:_CRC_AT] + b"\0\0\0\0" + page[_CRC_AT + 4:]:
+        crc = ((crc << 8) & 0xFFFFFFFF) ^ _CRC_TABLE[(crc >> 24) ^ byte]
+    return crc
+
+
+def _bad(message: str) -> protocol.ProtocolError:
+    return protocol.ProtocolError(message, "bad_audio")
+
+
+class OggPages:
+    """Bytes in any pieces, whole checked Ogg pages out (sphn's reader takes them).
+
+    A truncated page (the next one's bytes read as its rest) or a corrupt one is an
+    error, never a silent loss of sync: a page not directly followed by the next
+    capture pattern must pass its CRC (so the CRC, pure Python, runs on about one page
+    per message, not on every byte).
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.count = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        pages = []
+        while (page := self._next()) is not None:
+            pages.append(page)
+        return pages
+
+    def _next(self) -> bytes | None:
+        buffer = self._buffer
+        if len(buffer) >= 4 and buffer[:4] != b"OggS":
+            raise _bad(f"OggOpus data after page {self.count} is not an Ogg page "
+                       "(no 'OggS' capture pattern): a truncated page or not Ogg at all")
+        size = _page_size(buffer)
+        if size is None or len(buffer) < size:
+            if _valid_page_inside(buffer):  # the next page began before this one ended
+                raise _bad(f"Ogg page {self.count} is truncated (the next page starts "
+                           "inside it)")
+            return None
+        page = bytes(buffer[:size])
+        followed = buffer[size:size + 4] == b"OggS"  # then it cannot be truncated
+        del buffer[:size]
+        if not followed and not _crc_ok(page):
+            raise _bad(f"Ogg page {self.count} fails its CRC check: truncated or corrupt")
+        self.count += 1
+        return page
+
+
+def _page_size(buffer: bytes | bytearray) -> int | None:
+    """The size of the page at the start of ``buffer``, once its header is there."""
+    if len(buffer) < _PAGE_HEADER or len(buffer) < _PAGE_HEADER + buffer[26]:
+        return None
+    segments = buffer[26]
+    return _PAGE_HEADER + segments + sum(buffer[_PAGE_HEADER:_PAGE_HEADER + segments])
+
+
+def _crc_ok(page: bytes | bytearray) -> bool:
+    return int.from_bytes(page[_CRC_AT:_CRC_AT + 4], "little") == ogg_crc(bytes(page))
+
+
+def _valid_page_inside(buffer: bytearray) -> bool:
+    """Whether a whole page with a good CRC starts after the first one's capture pattern
+    (the first few candidates only: a page's payload may hold the pattern by chance)."""
+    at = buffer.find(b"OggS", 4, _MAX_PAGE)
+    for _ in range(_CANDIDATES):
+        if at < 0:
+            return False
+        size = _page_size(buffer[at:])
+        if size is not None and len(buffer) - at >= size and _crc_ok(buffer[at:at + size]):
+            return True
+        at = buffer.find(b"OggS", at + 4, _MAX_PAGE)
+    return False
+
+
+def check_opus_head(page: bytes) -> None:
+    """The first page must hold an ``OpusHead`` for one channel (sphn would silently
+    down-mix a stereo stream)."""
+    packet = page[_PAGE_HEADER + page[26]:]
+    if packet[:8] != b"OpusHead" or len(packet) < 10:
+        raise _bad("OggOpus stream does not start with an OpusHead packet (not Opus)")
+    if packet[9] != 1:
+        raise _bad(f"OggOpus stream has {packet[9]} channels; only mono is accepted")
+
+
+class OpusDecoder:
+    """Pieces of one Ogg Opus stream in, 24 kHz mono float32 out."""
+
+    def __init__(self) -> None:
+        import sphn
+
+        self._reader = sphn.OpusStreamReader(protocol.SAMPLE_RATE)
+        self._pages = OggPages()
+
+    def decode(self, data: bytes) -> np.ndarray:
+        first = self._pages.count == 0
+        pages = self._pages.feed(data)
+        if first and pages:
+            check_opus_head(pages[0])
+        if not pages:
+            return np.zeros(0, dtype=np.float32)
+        try:  # one page at a time: sphn's reader fails on many pages in one call
+            pcm = [self._reader.append_bytes(page) for page in pages]
+        except ValueError as exc:  # sphn reports what it cannot decode as ValueError
+            raise _bad(f"undecodable Ogg Opus data: {exc}") from exc
+        return np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1) for p in pcm])
+
+
+@dataclasses.dataclass
+class StreamInput:
+    """What kind of audio a stream sends, fixed by its first audio message."""
+
+    kind: str | None = None  # "Audio" | "OggOpus"
+    opus: OpusDecoder | None = None
+
+    def pcm(self, message: protocol.AudioMessage | protocol.OggOpusMessage) -> np.ndarray:
+        self._claim(message["type"])
+        if message["type"] == "Audio":
+            return message["pcm"]
+        if self.opus is None:
+            self.opus = OpusDecoder()
+        return self.opus.decode(message["data"])
+
+    def _claim(self, kind: str) -> None:
+        if self.kind is None:
+            self.kind = kind
+        elif self.kind != kind:
+            raise protocol.ProtocolError(
+                f"this stream sends {self.kind}; {kind} cannot be mixed in "
+                "(one kind of audio per stream)", "mixed_audio")

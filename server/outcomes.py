@@ -1,0 +1,45 @@
+"""How a stream's connection ended: a small typed union, as the router's ``proxying.End``.
+
+The websocket handler decides which one it is; :meth:`sessions.Sessions.finish` decides
+what happens to the slot (kept for a resume only after ``Lost`` of a resumable stream).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from asrpool.common import protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class Closed:
+    """The client closed, or left without having asked to resume: the slot is freed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Lost:
+    """The connection was lost (no close frame, or one without a code)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Replaced:
+    """A resume took the stream over; the new connection owns it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """The pod ends the stream: ``Error{message, code}`` is sent, then a close."""
+
+    message: str
+    code: str
+    close_code: protocol.CloseCode = protocol.CloseCode.POLICY
+
+    def frame(self) -> bytes:
+        return protocol.error(self.message, self.code)
+
+
+Outcome = Closed | Lost | Replaced | Failed
+
+
+def busy(message: str = protocol.BUSY_MESSAGE) -> Failed:
+    return Failed(message, "busy", protocol.CloseCode.TRY_AGAIN)

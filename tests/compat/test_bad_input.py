@@ -1,0 +1,87 @@
+"""Bad input ends that stream only, with an Error that says what was wrong, and frees
+its slot; a healthy stream on the same pod carries on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+from websockets.asyncio import client as ws_client
+
+from tests.compat import clients, conftest
+from tests.support import kyutai_client
+
+Send = Callable[[ws_client.ClientConnection], Awaitable[None]]
+
+
+async def _refused(endpoint: conftest.Endpoint, send_bad: Send) -> tuple[dict[str, Any], int]:
+    """The Error and close code of a stream that sends ``send_bad``, next to a healthy one."""
+    async with await clients.connect(endpoint) as good:
+        async with await clients.connect(endpoint) as bad:
+            await send_bad(bad)
+            error = await _error_of(bad)
+            await asyncio.wait_for(bad.wait_closed(), 10)
+            close_code = bad.close_code
+        await clients.used_slots_become(endpoint, 1, 5)  # the bad one's slot is free
+        await clients.send_all(good, clients.with_marker(clients.chunked(
+            np.zeros(clients.SECOND, dtype=np.float32), clients.FRAME)))
+        await kyutai_client.until_marker(good, 0)
+    assert close_code is not None
+    return error, close_code
+
+
+async def _error_of(ws: ws_client.ClientConnection) -> dict[str, Any]:
+    while True:
+        message = await kyutai_client.receive(ws, timeout=30)
+        if message["type"] == "Error":
+            return message
+
+
+def _sending(*messages: dict[str, Any]) -> Send:
+    async def send(ws: ws_client.ClientConnection) -> None:
+        await clients.send_all(ws, messages)
+    return send
+
+
+async def test_a_frame_over_16_mib(endpoint: conftest.Endpoint) -> None:
+    async def send(ws: ws_client.ClientConnection) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):  # refused mid-send
+            await ws.send(b"\x00" * (17 << 20))
+
+    error, close_code = await _refused(endpoint, send)
+    assert (error["code"], close_code) == ("too_large", 1009)
+    assert str(16 << 20) in error["message"]
+
+
+async def test_truncated_opus_pages(endpoint: conftest.Endpoint) -> None:
+    pages = clients.opus_pages(np.zeros(2 * clients.SECOND, dtype=np.float32))
+    broken = [pages[0], pages[1], pages[2][:40], *pages[3:]]  # 40 bytes of a 79-byte page
+    error, close_code = await _refused(endpoint, _sending(*clients.opus_messages(broken)))
+    assert (error["code"], close_code) == ("bad_audio", 1008)
+    assert "Ogg" in error["message"]
+
+
+async def test_opus_with_two_channels(endpoint: conftest.Endpoint, tmp_path: Path) -> None:
+    stereo = clients.stereo_opus(tmp_path)
+    error, _ = await _refused(endpoint, _sending(*clients.opus_messages([stereo])))
+    assert error["code"] == "bad_audio" and "2 channels" in error["message"]
+
+
+async def test_not_ogg_at_all(endpoint: conftest.Endpoint) -> None:
+    error, _ = await _refused(endpoint, _sending({"type": "OggOpus", "data": b"RIFF" * 20}))
+    assert error["code"] == "bad_audio"
+
+
+@pytest.mark.parametrize("first", ["Audio", "OggOpus"])
+async def test_audio_and_opus_are_not_mixed(endpoint: conftest.Endpoint, first: str) -> None:
+    pcm = {"type": "Audio", "pcm": np.zeros(clients.FRAME, dtype=np.float32)}
+    opus = clients.opus_messages(clients.opus_pages(np.zeros(clients.SECOND)))
+    both = [pcm, *opus] if first == "Audio" else [*opus, pcm]
+    error, close_code = await _refused(endpoint, _sending(*both))
+    assert (error["code"], close_code) == ("mixed_audio", 1008)
