@@ -156,32 +156,27 @@ class ControlPlane:
 
     def _start_controller_manager(self, kubeconfig: Path,
                                   certificates: certs.Certificates) -> None:
-        port = processes.free_port()
-        manager = self._spawn("kube-controller-manager", [
-            str(self.binaries.kube_controller_manager),
-            "--kubeconfig", str(kubeconfig),
-            "--authentication-kubeconfig", str(kubeconfig),
-            "--authorization-kubeconfig", str(kubeconfig),
-            "--bind-address", "127.0.0.1", "--secure-port", str(port),
-            "--leader-elect=false",
+        self._start_controller("kube-controller-manager", self.binaries.kube_controller_manager,
+                               kubeconfig, [
             "--service-account-private-key-file", str(certificates.service_account_key),
             "--root-ca-file", str(certificates.ca_cert),
-            "--cluster-name", "asrpool-local",
-            "--v", "0"])
-        processes.wait_until(lambda: _https_ok(port), START_TIMEOUT,
-                             "kube-controller-manager", [manager])
+            "--cluster-name", "asrpool-local"])
 
     def _start_scheduler(self, kubeconfig: Path) -> None:
+        self._start_controller("kube-scheduler", self.binaries.kube_scheduler, kubeconfig, [])
+
+    def _start_controller(self, name: str, binary: Path, kubeconfig: Path,
+                          extra: list[str]) -> None:
+        """A controller with the admin kubeconfig, serving its health on a free port."""
         port = processes.free_port()
-        scheduler = self._spawn("kube-scheduler", [
-            str(self.binaries.kube_scheduler),
+        child = self._spawn(name, [
+            str(binary),
             "--kubeconfig", str(kubeconfig),
             "--authentication-kubeconfig", str(kubeconfig),
             "--authorization-kubeconfig", str(kubeconfig),
             "--bind-address", "127.0.0.1", "--secure-port", str(port),
-            "--leader-elect=false", "--v", "0"])
-        processes.wait_until(lambda: _https_ok(port), START_TIMEOUT,
-                             "kube-scheduler", [scheduler])
+            "--leader-elect=false", "--v", "0", *extra])
+        processes.wait_until(lambda: _https_ok(port), START_TIMEOUT, name, [child])
 
     def check_alive(self) -> None:
         for child in self.children:

@@ -24,7 +24,7 @@ import pytest
 
 from asrpool.operator import naming
 from tests.cluster.clusters import Cluster
-from tests.support import kyutai_client, redis_servers, streams
+from tests.support import kyutai_client, redis_servers
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.timeout(600)
@@ -148,12 +148,7 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
     await eventually(lambda: slots_reported(2, 2), WAIT, period=1.0)
 
     url = f"ws://{release.router}/api/asr-streaming?pool=stt"
-    async with await kyutai_client.connect(url) as ws:
-        await kyutai_client.expect(ws, "Ready", WAIT)
-        finish = asyncio.Event()
-        sender = asyncio.create_task(
-            kyutai_client.send_paced(ws, streams.audio_until(finish), realtime=1.0))
-        received = asyncio.create_task(kyutai_client.until_marker(ws, 0, timeout=400))
+    async with kyutai_client.paced_stream(url, WAIT, timeout=400) as stream:
         await eventually(lambda: slots_reported(2, 1), WAIT, period=1.0)
         use = await redis_servers.used_slots(release.redis.url, "stt")
         (busy,) = [pod for pod, used in use.items() if used]
@@ -164,24 +159,30 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
         await eventually(lambda: available(1), WAIT, period=1.0)
         remaining = pod_names(cluster, namespace, "stt")
         assert idle not in remaining and remaining == {busy}
-        assert not received.done()  # the stream is still open, audio still flowing
+        assert stream.is_open()  # audio still flowing
 
-        # A model change rolls the pool: a new pod first, then the old one drains.
+        # A model change rolls the pool: a new pod first (maxSurge 1, maxUnavailable 0),
+        # then the old one is deleted and drains: it stays while its stream runs.
         cluster.kubectl("patch", "-n", namespace, "asrpool/stt", "--type=merge",
                         "-p", json.dumps({"spec": {"model": {"name": "tiny", "revision": "b"}}}))
+
+        def draining() -> None:
+            (old,) = [pod for pod in pods_of(cluster, namespace, f"{naming.POOL_LABEL}=stt")
+                      if pod["metadata"]["name"] == busy]
+            assert old["metadata"].get("deletionTimestamp"), "the old pod is not stopping yet"
+
+        await eventually(draining, STARTUP, period=1.0)
+        assert stream.is_open()
+        transcript = await stream.finish()
 
         def rolled() -> None:
             names = pod_names(cluster, namespace, "stt")
             assert busy not in names and len(names) == 1, names
+            assert not [pod for pod in pods_of(cluster, namespace, f"{naming.POOL_LABEL}=stt")
+                        if pod["metadata"]["name"] == busy]  # it left once its stream ended
             status = deployment_status(cluster, namespace, "stt")
             assert status.get("updatedReplicas") == status.get("availableReplicas") == 1
 
-        # The busy pod is draining: it stays until its stream ends or its grace runs out.
-        await asyncio.sleep(5)
-        assert not received.done()
-        finish.set()
-        transcript = await received
-        await sender
         await eventually(rolled, STARTUP, period=1.0)
     assert [m for m in transcript if m["type"] == "Error"] == []
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)

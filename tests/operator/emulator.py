@@ -84,7 +84,7 @@ class Emulator(kmock.KubernetesEmulator):
     def _create_for_apply(self, request: rendering.Request) -> None:
         meta = {"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1,
                 "namespace": request.namespace, "name": request.name}
-        self.objects[request.resource, request.namespace, request.name] = {
+        self.objects[request.resource, request.namespace, request.name or ""] = {
             "apiVersion": request.data.get("apiVersion"), "kind": request.data.get("kind"),
             "metadata": meta}
 

@@ -26,7 +26,7 @@ from kopf.testing import KopfRunner
 from asrpool.common.processes import free_port
 from asrpool.operator import kube
 from tests.operator import checks, emulator, kubelet
-from tests.support import kyutai_client, redis_servers, streams
+from tests.support import kyutai_client, redis_servers
 from tests.support.polling import eventually
 
 NS = emulator.NAMESPACE
@@ -92,12 +92,7 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
     await eventually(lambda: checks.assert_equal(answers(router), True), STARTUP)
 
     url = f"ws://{router}/api/asr-streaming?pool=stt"
-    async with await kyutai_client.connect(url) as ws:
-        await kyutai_client.expect(ws, "Ready", WAIT)
-        scaled_down = asyncio.Event()
-        sender = asyncio.create_task(
-            kyutai_client.send_paced(ws, streams.audio_until(scaled_down), realtime=1.0))
-        received = asyncio.create_task(kyutai_client.until_marker(ws, 0, timeout=200))
+    async with kyutai_client.paced_stream(url, WAIT, timeout=200) as stream:
         await eventually(lambda: serving(2, 1), WAIT)
         use = await redis_servers.used_slots(redis_server.url, "stt")
         (busy,) = [pod for pod, used in use.items() if used]
@@ -109,11 +104,8 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
         assert await asyncio.to_thread(pods.terminated[idle].process.wait, 30) == 0
         assert set(pods.running) == {busy}
         assert pods.running[busy].process.poll() is None
-        assert not received.done()  # the stream is still open, audio still flowing
-
-        scaled_down.set()
-        transcript = await received
-        await sender
+        assert stream.is_open()  # audio still flowing
+        transcript = await stream.finish()
     assert [m for m in transcript if m["type"] == "Error"] == []
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
     await eventually(lambda: serving(1, 1), WAIT)

@@ -8,13 +8,17 @@ until the marker comes back; optionally paced at real time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import msgpack
 import numpy as np
 from websockets.asyncio import client as ws_client
+
+from tests.support import streams
 
 SAMPLE_RATE = 24_000
 FRAME_SIZE = 1920
@@ -134,3 +138,38 @@ def words(messages: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
         elif message["type"] == "EndWord":
             out.append(("EndWord", message["stop_time"]))
     return out
+
+
+@dataclasses.dataclass
+class PacedStream:
+    """A stream of noise sent at real time until :meth:`finish` (see :func:`paced_stream`)."""
+
+    stop: asyncio.Event
+    sender: asyncio.Task[None]
+    received: asyncio.Task[list[dict[str, Any]]]
+
+    def is_open(self) -> bool:
+        return not self.received.done()
+
+    async def finish(self) -> list[dict[str, Any]]:
+        """Stop the audio, send the marker and flush; every message up to the marker."""
+        self.stop.set()
+        transcript = await self.received
+        await self.sender
+        return transcript
+
+
+@contextlib.asynccontextmanager
+async def paced_stream(url: str, ready_timeout: float,
+                       timeout: float) -> AsyncIterator[PacedStream]:
+    async with await connect(url) as ws:
+        await expect(ws, "Ready", ready_timeout)
+        stop = asyncio.Event()
+        stream = PacedStream(
+            stop, asyncio.create_task(send_paced(ws, streams.audio_until(stop), realtime=1.0)),
+            asyncio.create_task(until_marker(ws, 0, timeout=timeout)))
+        try:
+            yield stream
+        finally:
+            for task in (stream.sender, stream.received):
+                task.cancel()
