@@ -109,7 +109,7 @@ def _report(body: kopf.Body, patch: kopf.Patch, result: reconciling.Result) -> N
 
 def _post_events(body: kopf.Body, result: reconciling.Result, previous: dict[str, Any]) -> None:
     for child, action in result.actions:
-        if action is not applying.Action.UNCHANGED:
+        if action in (applying.Action.CREATED, applying.Action.UPDATED):
             message = f"{action.value} {applying.describe(child)}"
             kopf.event(body, type="Normal", reason=action.value, message=message)
     if result.scaled_from is not None and result.pool is not None:

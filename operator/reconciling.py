@@ -55,10 +55,10 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     beats = await _read_beats(context, pool.name)
     current = _replicas(deployment)
     costs_set = await _protect_streams(context, pool, current, beats)
-    actions = [(child, await applying.apply(context.kube, child)) for child in built]
+    actions = await applying.apply_all(context.kube, built)
     deployment = await _deployment(context, pool.namespace, pool.name)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
-    problem = statuses.pod_problem(deployment, pods)
+    problem = _name_conflict(actions) or statuses.pod_problem(deployment, pods)
     observed = _observed(body, pool.name, pool.pods, deployment, beats, problem)
     scaled_from = current if current is not None and current != pool.pods else None
     return Result(pool, observed, actions, scaled_from, costs_set)
@@ -98,6 +98,18 @@ async def _protect_streams(
             continue  # the pod went away during this pass: nothing to protect
         marked += 1
     return marked
+
+
+def _name_conflict(actions: list[tuple[dict[str, Any], applying.Action]]
+                   ) -> statuses.Problem | None:
+    refused = [applying.describe(child) for child, action in actions
+               if action is applying.Action.REFUSED]
+    if not refused:
+        return None
+    return statuses.Problem("NameConflict", f"{', '.join(refused)} already exist(s) and "
+                            f"belong(s) to someone else (no {naming.MANAGED_BY_LABEL}="
+                            f"{naming.MANAGER} label, or another controller): rename or "
+                            "remove it, or rename the pool; it was left untouched")
 
 
 def _cost_patch(cost: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from asrpool.operator import naming, usage
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    # InvalidSpec, RegistryUnavailable, ProgressDeadlineExceeded, PodsUnschedulable,
+    # InvalidSpec, RegistryUnavailable, NameConflict, ProgressDeadlineExceeded, PodsUnschedulable,
     # ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, RunContainerError
     reason: str
     message: str

@@ -214,3 +214,21 @@ async def test_a_server_that_keeps_crashing_degrades_the_pool(
 def checks_one(reasons: list[str], reason: str) -> list[str]:
     assert reason in reasons, reasons
     return reasons
+
+
+async def test_a_same_named_object_of_someone_else_is_never_taken_over(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    theirs = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "clash-config"},
+              "data": {"owner": "another team"}}
+    cluster.apply(namespace, theirs)
+    create(cluster, namespace, manifest("clash"))
+    condition = await eventually(lambda: degraded(cluster, namespace, "clash"), TIMEOUT,
+                                 period=0.5)
+    assert condition["reason"] == "NameConflict"
+    assert f"ConfigMap {namespace}/clash-config" in condition["message"]
+    kept = cluster.get(namespace, "configmap", "clash-config")
+    assert kept["data"] == {"owner": "another team"}
+    assert "ownerReferences" not in kept["metadata"]
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+    assert apps.list_namespaced_deployment(namespace).items == []  # nothing reads it
