@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--redis-url", help="Redis the pods heartbeat to (ASRPOOL_REDIS_URL)")
     parser.add_argument("--pod-redis-url",
                         help="Redis URL as the server pods reach it, if not --redis-url")
+    parser.add_argument("--redis-timeout-seconds", type=float,
+                        help="longest wait for one Redis call (default 2)")
     parser.add_argument("--default-image", help="server image for pools that name none")
     parser.add_argument("--resync-seconds", type=float,
                         help="seconds between passes over each pool (drift, status, autoscaling)")
@@ -46,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 _FIELDS = (
-    "namespaces", "all_namespaces", "redis_url", "pod_redis_url", "default_image",
+    "namespaces", "all_namespaces", "redis_url", "pod_redis_url", "redis_timeout_seconds",
+    "default_image",
     "resync_seconds", "termination_margin_seconds", "kube_api_url", "liveness_endpoint",
     "log_level",
 )

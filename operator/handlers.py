@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 import kopf
-import redis.asyncio as aioredis
 
+from asrpool.common import redis_clients
 from asrpool.operator import (
     applying,
     autoscaling,
@@ -62,7 +62,8 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, config: settings.Operat
     async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings)
         api = kube.Kube(kube.load_configuration(config.kube_api_url))
-        memo.context = reconciling.Context(config, api, aioredis.Redis.from_url(config.redis_url))
+        redis = redis_clients.connect(config.redis_url, config.redis_timeout_seconds)
+        memo.context = reconciling.Context(config, api, redis)
 
     @kopf.on.cleanup(registry=registry)
     async def stop(memo: kopf.Memo, **_: Any) -> None:

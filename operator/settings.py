@@ -22,6 +22,9 @@ class OperatorSettings(pydantic_settings.BaseSettings):
     # Redis as the operator reads it (live slot use) and as server pods reach it.
     redis_url: str = "redis://127.0.0.1:6379/0"
     pod_redis_url: str | None = None
+    # Each Redis call waits at most this long: a Redis that stops answering never holds
+    # a pool's pass (and its lock) for longer.
+    redis_timeout_seconds: float = pydantic.Field(default=2.0, gt=0)
 
     default_image: str = DEFAULT_IMAGE
     # Seconds between two passes over each pool: drift repair, status, autoscaling.
