@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
@@ -40,15 +41,11 @@ import numpy as np
 import torch
 from moshi.utils import compile as moshi_compile
 
-from asrpool.bench import isolation
+from asrpool.bench import devices, isolation
 from asrpool.server import engine, engine_loop, models, sessions, slots
 
 FRAME_MS = 80.0
 AUDIO_BANK_FRAMES = 50  # distinct frames per stream, cycled (4 s of audio)
-
-
-class CapacityError(Exception):
-    """Bad input: the message is printed on one line and the command exits 2."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -66,7 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--resolution", type=float, default=0.05,
                         help="bisection stops when failure - pass <= this fraction of pass")
     parser.add_argument("--time-budget-s", type=float, default=None,
-                        help="stop searching after this long (the best pass so far counts)")
+                        help="per CUDA graphs mode: stop searching after this long "
+                             "(the best pass so far counts)")
     parser.add_argument("--graphs", default=None,
                         help="CUDA graphs modes to search: on,off (default on CUDA) or on")
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.5,
@@ -80,7 +78,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         result = run(args)
-    except CapacityError as exc:
+    except devices.BadInput as exc:
         print(f"asrpool bench capacity: {exc}", file=sys.stderr)
         return 2
     json_path, png_path = write(result, Path(args.out))
@@ -186,11 +184,12 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
             timings = _timed_steps(pod, settings)
         row |= memory.after_trial(pod.engine.state_nbytes(), batch)
     except torch.cuda.OutOfMemoryError as exc:
-        row |= {"passed": False, "oom": True, "note": f"CUDA out of memory: {_first_line(exc)}"}
+        note = f"CUDA out of memory: {devices.first_line(exc)}"
+        row |= {"passed": False, "oom": True, "note": note}
     except RuntimeError as exc:
         if "can't allocate memory" not in str(exc):  # the CPU allocator's out of memory
             raise
-        row |= {"passed": False, "oom": True, "note": _first_line(exc)}
+        row |= {"passed": False, "oom": True, "note": devices.first_line(exc)}
     else:
         row |= _timing_row(timings, settings.max_p99_ms)
     finally:
@@ -236,10 +235,6 @@ def _graphs_mode(graphs: bool | None) -> Iterator[None]:
             yield
     else:
         yield
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 # Memory: what a trial may allocate, and what it did.
@@ -312,41 +307,27 @@ def state_bytes_per_slot(model: models.LoadedModel) -> int:
 # Wiring: arguments to a result.
 
 
-def resolve_device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise CapacityError(f"unknown device {name!r}: {_first_line(exc)}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CapacityError(f"--device {name} but torch sees no CUDA device "
-                            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
-    if device.type not in ("cpu", "cuda"):
-        raise CapacityError(f"unsupported device {name!r}: use cpu or cuda")
-    return device
-
-
 def graph_modes(device: torch.device, requested: str | None) -> list[bool | None]:
     if device.type != "cuda":
         return [None]
     names = (requested or "on,off").split(",")
     if any(n not in ("on", "off") for n in names):
-        raise CapacityError(f"--graphs takes on, off or on,off, not {requested!r}")
+        raise devices.BadInput(f"--graphs takes on, off or on,off, not {requested!r}")
     return [n == "on" for n in names]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.start < 1 or args.max_batch < args.start:
-        raise CapacityError(f"need 1 <= --start <= --max-batch, got {args.start}, "
+        raise devices.BadInput(f"need 1 <= --start <= --max-batch, got {args.start}, "
                             f"{args.max_batch}")
-    device = resolve_device(args.device)
+    device = devices.resolve(args.device)
     modes = graph_modes(device, args.graphs)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     started = time.monotonic()
     model = _load(args, device)
     memory = MemoryProbe(device, state_bytes_per_slot(model))
-    deadline = None if args.time_budget_s is None else started + args.time_budget_s
-    searches = {mode: _search_mode(model, memory, mode, args, deadline) for mode in modes}
+    searches = {mode: _search_mode(model, memory, mode, args) for mode in modes}
     return _result(args, device, model, memory, searches, time.monotonic() - started)
 
 
@@ -355,18 +336,20 @@ def _load(args: argparse.Namespace, device: torch.device) -> models.LoadedModel:
         return models.load_model(args.model, device=device,
                                  dtype=models.default_dtype(device), context=args.context)
     except models.ModelError as exc:
-        raise CapacityError(str(exc)) from exc
+        raise devices.BadInput(str(exc)) from exc
 
 
 def _search_mode(model: models.LoadedModel, memory: MemoryProbe, graphs: bool | None,
-                 args: argparse.Namespace, deadline: float | None) -> Search:
+                 args: argparse.Namespace) -> Search:
+    budget = args.time_budget_s
+    deadline = None if budget is None else time.monotonic() + budget
     settings = TrialSettings(args.steps, args.warmup, args.max_p99_ms, graphs)
     found = search(lambda b: trial(model, b, settings, memory), args.start, args.max_batch,
                    args.max_trials, args.resolution, deadline)
     if found.rows and found.rows[0]["oom"] and not any(r["passed"] for r in found.rows):
         first = found.rows[0]
         hint = "; try a smaller --start" if first["batch_size"] > 1 else ""
-        raise CapacityError(f"batch {first['batch_size']} does not fit in memory "
+        raise devices.BadInput(f"batch {first['batch_size']} does not fit in memory "
                             f"({first['note']}){hint}")
     return found
 
@@ -383,6 +366,7 @@ def _result(args: argparse.Namespace, device: torch.device, model: models.Loaded
         "benchmark": "capacity", "model": args.model, "device": device.type,
         "device_name": _device_name(device), "dtype": str(models.default_dtype(device)),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg(),
         "context": model.lm.context, "max_p99_ms": args.max_p99_ms,
         "steps_per_trial": args.steps, "warmup_steps": args.warmup,
         "streams_per_gpu": capacity, "bound": searches[main_mode].bound,

@@ -14,12 +14,18 @@ make the comparison pass for nothing.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+import torch
 
+from asrpool.bench import devices
 from asrpool.server import engine, models
 
 FRAME_SIZE = engine.FRAME_SIZE
@@ -178,3 +184,58 @@ def check(load: Callable[[], models.LoadedModel], batch: int = 16, steps: int = 
         failures.append("garbage in masked rows changed some events")
     return Report(model.model_id, str(model.device), batch, steps, model.lm.context,
                   len(sessions), sum(len(s.frames) for s in sessions), failures)
+
+
+# The command: ``asrpool bench isolation``.
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="asrpool bench isolation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--context", type=int, default=None,
+                        help="KV cache steps (default steps // 3, so the caches wrap)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--out", default="bench/results")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    """0: every stream equals itself alone; 1: some do not; 2: bad input."""
+    args = parse_args(argv)
+    try:
+        device = devices.resolve(args.device)
+        if args.batch < 2 or args.steps < 30:
+            raise devices.BadInput("isolation needs --batch >= 2 and --steps >= 30")
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        context = args.context or max(8, args.steps // 3)
+        dtype = models.default_dtype(device)
+        report = check(lambda: _load(args.model, device, dtype, context), args.batch,
+                       args.steps, args.seed)
+    except devices.BadInput as exc:
+        print(f"asrpool bench isolation: {exc}", file=sys.stderr)
+        return 2
+    path = Path(args.out) / f"isolation-{args.model.replace('/', '_')}-{device.type}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(report) | {
+        "benchmark": "isolation", "ok": report.ok, "dtype": str(dtype)}, indent=2))
+    verdict = "OK" if report.ok else f"FAILED ({len(report.failures)} failures)"
+    print(f"isolation {verdict}: {report.model} on {report.device} ({dtype}), "
+          f"{report.batch} slots, {report.steps} steps, context {report.context}, "
+          f"{report.sessions} sessions, {report.frames} frames -> {path}")
+    for failure in report.failures[:10]:
+        print(f"  {failure}")
+    return 0 if report.ok else 1
+
+
+def _load(name: str, device: torch.device, dtype: torch.dtype,
+          context: int) -> models.LoadedModel:
+    try:
+        return models.load_model(name, device=device, dtype=dtype, context=context)
+    except models.ModelError as exc:
+        raise devices.BadInput(str(exc)) from exc
