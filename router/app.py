@@ -58,7 +58,8 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
     @app.get("/api/pools")
     async def pools(d: wiring.Deps = Deps) -> responses.Response:
         try:
-            return responses.JSONResponse(await views.pools_json(d.redis))
+            pricing = views.Pricing(d.config.gpu_hour_price, d.config.gpus_per_pod)
+            return responses.JSONResponse(await views.pools_json(d.redis, pricing))
         except redis.RedisError as exc:
             return responses.JSONResponse({"error": f"Redis unreachable: {exc}"}, status_code=503)
 

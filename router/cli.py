@@ -34,6 +34,11 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
     ("--session-lease-ms", {"type": int, "help": "lease of a session record, renewed every third"}),
     ("--router-id", {"help": "this replica's name in session records"}),
+    (
+        "--gpu-hour-price",
+        {"type": float, "help": "dollars per GPU-hour: /api/pools and /metrics show the cost"},
+    ),
+    ("--gpus-per-pod", {"type": float, "help": "GPUs of one server pod (default 1)"}),
     ("--log-level", {"help": "uvicorn log level"}),
 )
 
