@@ -112,3 +112,17 @@ def test_a_trial_runs_the_servers_slots_and_sessions() -> None:
         assert pod.engine.steps_run == 12 and pod.buffers.buffered_total() == 0
     finally:
         pod.close()
+
+
+def test_a_noisy_trial_runs_again_and_a_slow_one_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    results = iter([{"passed": False, "oom": False, "step_p50_ms": 60, "step_p99_ms": 900},
+                    {"passed": True, "oom": False, "step_p50_ms": 60, "step_p99_ms": 70},
+                    {"passed": False, "oom": False, "step_p50_ms": 95, "step_p99_ms": 99}])
+    monkeypatch.setattr(capacity, "trial", lambda *args: next(results))
+    settings = capacity.TrialSettings(10, 1, 80.0, None)
+    again = capacity.trial_again_if_noisy(None, 4, settings, None, retries=1)
+    assert again["passed"] and again["runs"] == 2 and again["p99_ms_of_runs"] == [900, 70]
+    slow = capacity.trial_again_if_noisy(None, 8, settings, None, retries=1)
+    assert not slow["passed"] and slow["runs"] == 1
