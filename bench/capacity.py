@@ -79,12 +79,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    _partial_path(args).unlink(missing_ok=True)
     try:
         result = run(args)
     except devices.BadInput as exc:
+        _partial_path(args).unlink(missing_ok=True)
         print(f"asrpool bench capacity: {exc}", file=sys.stderr)
         return 2
     json_path, png_path = write(result, Path(args.out))
+    _partial_path(args).unlink(missing_ok=True)
     print_summary(result, json_path, png_path)
     return 0
 
@@ -258,14 +261,19 @@ def _graphs_mode(graphs: bool | None) -> Iterator[None]:
 
 
 class MemoryProbe:
-    """Refuses batches whose state cannot fit, and reads what each trial used."""
+    """Refuses batches whose state cannot fit, and reads what each trial used.
 
-    SAFETY = 1.5  # activations, Mimi buffers and the allocator's slack on top of the state
+    On the CPU nothing would stop an oversized batch before it swaps, so the estimate
+    keeps a margin over the state. On CUDA the estimate is the state, then the peak per
+    slot measured by the trials, and a batch that still does not fit raises
+    OutOfMemoryError, which the trial reports.
+    """
 
     def __init__(self, device: torch.device, state_bytes_per_slot: float) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self.state_bytes_per_slot = state_bytes_per_slot
+        self.safety = 1.0 if self.cuda else 1.5
+        self.bytes_per_slot = state_bytes_per_slot
         self.model_bytes = torch.cuda.memory_allocated(device) if self.cuda else None
 
     def available(self) -> int:
@@ -278,12 +286,13 @@ class MemoryProbe:
         return int(torch.cuda.mem_get_info(self.device)[1]) if self.cuda else None
 
     def refusal(self, batch: int) -> str | None:
-        need = batch * self.state_bytes_per_slot * self.SAFETY
+        need = batch * self.bytes_per_slot * self.safety
         have = self.available()
         if need <= have:
             return None
-        return (f"batch {batch} needs about {need / 2**30:.1f} GiB of streaming state "
-                f"(x{self.SAFETY} margin), {have / 2**30:.1f} GiB is available")
+        return (f"batch {batch} needs about {need / 2**30:.1f} GiB "
+                f"({self.bytes_per_slot / 2**20:.1f} MiB per slot, x{self.safety}), "
+                f"{have / 2**30:.1f} GiB is free")
 
     def before_trial(self) -> None:
         if self.cuda:
@@ -297,8 +306,8 @@ class MemoryProbe:
             row |= {"gpu_peak_allocated_bytes": peak,
                     "gpu_peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device),
                     "gpu_bytes_per_slot": (peak - (self.model_bytes or 0)) // batch}
-            self.state_bytes_per_slot = max(self.state_bytes_per_slot,
-                                            (peak - (self.model_bytes or 0)) / batch / self.SAFETY)
+            self.bytes_per_slot = max(self.bytes_per_slot,
+                                      (peak - (self.model_bytes or 0)) / batch)
         return row
 
     def release(self) -> None:
@@ -361,14 +370,32 @@ def _search_mode(model: models.LoadedModel, memory: MemoryProbe, graphs: bool | 
     budget = args.time_budget_s
     deadline = None if budget is None else time.monotonic() + budget
     settings = TrialSettings(args.steps, args.warmup, args.max_p99_ms, graphs)
-    found = search(lambda b: trial_again_if_noisy(model, b, settings, memory, args.retries),
-                   args.start, args.max_batch, args.max_trials, args.resolution, deadline)
+
+    def one(batch: int) -> dict[str, Any]:
+        row = trial_again_if_noisy(model, batch, settings, memory, args.retries)
+        _write_partial(args, row)
+        return row
+
+    found = search(one, args.start, args.max_batch, args.max_trials, args.resolution, deadline)
     if found.rows and found.rows[0]["oom"] and not any(r["passed"] for r in found.rows):
         first = found.rows[0]
         hint = "; try a smaller --start" if first["batch_size"] > 1 else ""
         raise devices.BadInput(f"batch {first['batch_size']} does not fit in memory "
                             f"({first['note']}){hint}")
     return found
+
+
+def _partial_path(args: argparse.Namespace) -> Path:
+    model = str(args.model).replace("/", "_")
+    return Path(args.out) / f"capacity-{model}-{args.device.split(':')[0]}.partial.jsonl"
+
+
+def _write_partial(args: argparse.Namespace, row: dict[str, Any]) -> None:
+    """Each trial as it ends, so a run killed by a deadline still leaves its rows."""
+    path = _partial_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 def _result(args: argparse.Namespace, device: torch.device, model: models.LoadedModel,
