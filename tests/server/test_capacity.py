@@ -95,6 +95,7 @@ def test_tiny_run_writes_json_and_png(tmp_path: Path) -> None:
     row = result["batches"][-1]
     assert row["passed"] and row["steps"] == 3 and row["cuda_graphs"] is None
     assert row["step_p50_ms"] > 0 and row["state_bytes"] == 4 * row["state_bytes_per_slot"]
+    assert 0 < row["intake_p50_ms"] < row["host_p50_ms"] + row["engine_p50_ms"]
     assert "gpu_peak_allocated_bytes" not in row
     assert result["memory"]["source"] == "engine.state_nbytes()"
     assert (tmp_path / "capacity-tiny-cpu.png").read_bytes()[:4] == b"\x89PNG"
