@@ -58,3 +58,37 @@ def test_gpu_check_says_how_to_install_when_asrpool_is_missing(tmp_path: Path) -
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert "asrpool is not importable" in line and "pip install -e" in line
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.gpu_check
+def test_sigterm_ends_the_running_stage_too(tmp_path: Path) -> None:
+    """The stages run in their own process groups; stopping the check must stop them."""
+    import signal
+    import time
+
+    check = subprocess.Popen([sys.executable, str(SCRIPT), "--device", "cpu", "--model",
+                              "tiny", "--isolation-steps", "5000", "--out", str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (stages := _children(check.pid)):
+            assert time.monotonic() < deadline, "the isolation stage did not start"
+            time.sleep(0.2)
+        check.send_signal(signal.SIGTERM)
+        assert check.wait(60) == 128 + signal.SIGTERM
+        assert not Path(f"/proc/{stages[0]}").exists()
+    finally:
+        if check.poll() is None:
+            check.kill()
