@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,32 @@ def test_sigterm_ends_the_running_stage_too(tmp_path: Path) -> None:
     finally:
         if check.poll() is None:
             check.kill()
+
+
+def _load_script() -> object:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("gpu_check", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("isolation_rc", "exit_code"), [(1, 1), (0, 3), (None, 3)])
+def test_a_failed_isolation_is_exit_1_and_other_failures_exit_3(
+    isolation_rc: int | None, exit_code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stages faked: isolation as given, capacity writes no result (so no server run)."""
+    script: Any = _load_script()
+
+    def fake_run(self: Any, name: str, argv: list[str], timeout: float) -> int | None:
+        self.records.append({"stage": name, "rc": isolation_rc if name == "isolation" else 1})
+        return isolation_rc if name == "isolation" else 1
+
+    monkeypatch.setattr(script.Stages, "run", fake_run)
+    assert script.main(["--device", "cpu", "--out", str(tmp_path)]) == exit_code
+    summary = json.loads((tmp_path / "gpu-check-cpu.json").read_text())
+    assert summary["capacity"] == {"stt-1b-en_fr": None, "stt-2.6b-en": None}
