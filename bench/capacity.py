@@ -288,6 +288,7 @@ class MemoryProbe:
         self.cuda = device.type == "cuda"
         self.safety = 1.0 if self.cuda else 1.5
         self.bytes_per_slot = state_bytes_per_slot
+        self.state_bytes_per_slot = state_bytes_per_slot  # of a batch-1 engine
         self.model_bytes = torch.cuda.memory_allocated(device) if self.cuda else None
 
     def available(self) -> int:
@@ -454,7 +455,8 @@ def _graphs_summary(device: torch.device, searches: dict[bool | None, Search]) -
 def _memory_summary(memory: MemoryProbe, at_capacity: dict[str, Any] | None) -> dict[str, Any]:
     row = at_capacity or {}
     return {"source": "torch.cuda memory stats" if memory.cuda else "engine.state_nbytes()",
-            "state_bytes_per_slot": row.get("state_bytes_per_slot"),
+            "state_bytes_per_slot": row.get("state_bytes_per_slot",
+                                            int(memory.state_bytes_per_slot)),
             "state_bytes_at_capacity": row.get("state_bytes"),
             "gpu_bytes_per_slot": row.get("gpu_bytes_per_slot"),
             "gpu_peak_allocated_bytes_at_capacity": row.get("gpu_peak_allocated_bytes"),
