@@ -41,7 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = models.default_dtype(device)
     model = models.load_model(args.model, device=device, dtype=dtype)
     rows = [measure(model, int(b), args) for b in args.batch.split(",")]
     result = {"benchmark": "engine", "model": args.model, "device": str(device),

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--clients", default="1,2,4,8", help="comma-separated client counts")
     parser.add_argument("--seconds", type=float, default=20.0, help="audio per client")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="the server's --dtype (default: its own)")
     parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--client-processes", type=int, default=1,
+                        help="spread the clients over this many processes (hundreds of "
+                             "clients outrun one event loop, which would count as latency)")
     parser.add_argument("--max-p99", type=float, default=0.5,
                         help="p99 latency (s) under which N counts as real time")
     parser.add_argument("--out", default="bench/results")
@@ -62,7 +68,7 @@ def main(argv: list[str]) -> int:
     try:
         ready_s = server.wait_ready()
         rss.start()
-        rows = [asyncio.run(_run_round(server, n, args)) for n in counts]
+        rows = [_run_round(server, n, args) for n in counts]
     finally:
         rss.stop()
         server.stop()
@@ -82,6 +88,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
     return {
         "benchmark": "server", "model": args.model, "device": args.device,
         "batch_size": args.batch_size, "seconds_per_client": args.seconds,
+        "dtype": args.dtype, "client_processes": args.client_processes,
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
@@ -91,11 +98,10 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
     }
 
 
-async def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[str, Any]:
+def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[str, Any]:
     before = server.metrics()
     started = time.monotonic()
-    results = await asyncio.gather(*(
-        _client(server.ws_url, args.seconds, seed) for seed in range(clients)))
+    results = _run_clients(server.ws_url, clients, args)
     wall = time.monotonic() - started
     after = server.metrics()
     latencies = sorted(lat for r in results for lat in r["latencies"])
@@ -111,6 +117,23 @@ async def _run_round(server: _Server, clients: int, args: argparse.Namespace) ->
         "mean_step_lag_s": _mean_delta(before, after, "asr_step_lag_seconds"),
         "step_lag_p99_s": _histogram_quantile(before, after, "asr_step_lag_seconds", 0.99),
     }
+
+
+def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    processes = max(1, min(args.client_processes, clients))
+    groups = [list(range(clients))[i::processes] for i in range(processes)]
+    if processes == 1:
+        return _client_group(url, args.seconds, groups[0])
+    context = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        done = pool.map(_client_group, [url] * processes, [args.seconds] * processes, groups)
+        return [result for group in done for result in group]
+
+
+def _client_group(url: str, seconds: float, seeds: list[int]) -> list[dict[str, Any]]:
+    async def run() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(_client(url, seconds, seed) for seed in seeds)))
+    return asyncio.run(run())
 
 
 async def _client(url: str, seconds: float, seed: int) -> dict[str, Any]:
@@ -146,11 +169,15 @@ async def _send_frames(ws: ws_client.ClientConnection, frames: list[bytes],
         await ws.send(frame)
 
 
-def _audio(seconds: float, seed: int) -> list[bytes]:
+def _audio(seconds: float, seed: int, bank_frames: int = 50) -> list[bytes]:
+    """``seconds`` of 80 ms Audio messages: up to 4 s of distinct noise, then repeated
+    (encoding a minute for each of hundreds of clients would take minutes)."""
+    frames = int(seconds * SAMPLE_RATE) // FRAME
     rng = np.random.default_rng(seed)
-    pcm = (0.2 * rng.standard_normal(int(seconds * SAMPLE_RATE))).astype(np.float32)
-    return [msgpack.packb({"type": "Audio", "pcm": pcm[i:i + FRAME].tolist()},
-                          use_single_float=True) for i in range(0, len(pcm) - FRAME + 1, FRAME)]
+    pcm = (0.2 * rng.standard_normal(min(frames, bank_frames) * FRAME)).astype(np.float32)
+    bank = [msgpack.packb({"type": "Audio", "pcm": pcm[i:i + FRAME].tolist()},
+                          use_single_float=True) for i in range(0, len(pcm), FRAME)]
+    return [bank[i % len(bank)] for i in range(frames)]
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -187,6 +214,8 @@ class _Server:
                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
         if args.torch_threads:
             command += ["--torch-threads", str(args.torch_threads)]
+        if args.dtype:
+            command += ["--dtype", args.dtype]
         self.started = time.monotonic()
         self.process = subprocess.Popen(command)
         self.pid = self.process.pid

@@ -98,7 +98,8 @@ async def _redis_view(
 ) -> responses.Response:
     """The pools as Redis has them, in ``shape``; 503 while Redis does not answer."""
     try:
-        return responses.JSONResponse(shape(await views.pools_json(deps.redis)))
+        pricing = views.Pricing(deps.config.gpu_hour_price, deps.config.gpus_per_pod)
+        return responses.JSONResponse(shape(await views.pools_json(deps.redis, pricing)))
     except redis.RedisError as exc:
         return responses.JSONResponse({"error": f"Redis unreachable: {exc}"}, status_code=503)
 

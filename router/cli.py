@@ -38,6 +38,11 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--max-upload-bytes", {"type": int, "help": "largest POST /api/asr-streaming body"}),
     ("--ping-interval-s", {"type": float, "help": "websocket ping period towards clients"}),
     ("--ping-timeout-s", {"type": float, "help": "drop a client not answering a ping within"}),
+    (
+        "--gpu-hour-price",
+        {"type": float, "help": "dollars per GPU-hour: /api/pools and /metrics show the cost"},
+    ),
+    ("--gpus-per-pod", {"type": float, "help": "GPUs of one server pod (default 1)"}),
     ("--log-level", {"help": "uvicorn log level"}),
 )
 

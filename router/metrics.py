@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import prometheus_client
 
 
@@ -40,6 +42,21 @@ class Metrics:
         self.redis_errors = prometheus_client.Counter(
             "asrpool_router_redis_errors", "Redis calls that failed", ["op"], registry=r
         )
+        # The configured prices, so that dashboards compute cost from one setting.
+        self.gpu_hour_price = prometheus_client.Gauge(
+            "asrpool_router_gpu_hour_price_dollars",
+            "Configured price of one GPU-hour (NaN: not configured)",
+            registry=r,
+        )
+        self.gpus_per_pod = prometheus_client.Gauge(
+            "asrpool_router_gpus_per_pod", "Configured GPUs of one server pod", registry=r
+        )
+        self.gpu_hour_price.set(math.nan)
+        self.gpus_per_pod.set(1)
+
+    def publish_pricing(self, gpu_hour_price: float | None, gpus_per_pod: float) -> None:
+        self.gpu_hour_price.set(math.nan if gpu_hour_price is None else gpu_hour_price)
+        self.gpus_per_pod.set(gpus_per_pod)
 
     def exposition(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)

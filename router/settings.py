@@ -51,6 +51,10 @@ class RouterSettings(pydantic_settings.BaseSettings):
     ping_interval_s: float = pydantic.Field(default=10.0, gt=0)
     ping_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     redis_timeout_s: float = pydantic.Field(default=0.5, gt=0)
+    # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
+    # no cost shown) and GPUs per server pod (the pools' resources.gpus).
+    gpu_hour_price: float | None = pydantic.Field(default=None, ge=0)
+    gpus_per_pod: float = pydantic.Field(default=1.0, ge=0)
     log_level: str = "info"
 
     @property

@@ -52,15 +52,37 @@ async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodView]:
     return [await read_pod(redis, beat) for beat in await registry.read_pool(redis, pool)]
 
 
-async def pools_json(redis: aioredis.Redis) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Pricing:
+    gpu_hour_price: float | None  # dollars; None: cost not configured
+    gpus_per_pod: float = 1.0
+
+
+def cost(pricing: Pricing, pods: int, streams: int) -> dict[str, float | None]:
+    """What a pool costs now, and per audio-hour at its current load: each open stream
+    is taken to send audio in real time (one audio-hour per hour)."""
+    gpus = pods * pricing.gpus_per_pod
+    if pricing.gpu_hour_price is None:
+        return {"gpus": gpus, "cents_per_hour": None, "cents_per_audio_hour": None}
+    per_hour = 100 * pricing.gpu_hour_price * gpus
+    per_audio_hour = per_hour / streams if streams else None
+    return {"gpus": gpus, "cents_per_hour": round(per_hour, 4),
+            "cents_per_audio_hour": None if per_audio_hour is None else round(per_audio_hour, 4)}
+
+
+async def pools_json(redis: aioredis.Redis, pricing: Pricing | None = None) -> dict[str, Any]:
+    pricing = pricing or Pricing(None)
     out = {}
     for pool in await registry.read_pools(redis):
         pods = await read_pool(redis, pool)
         loads = [p.load for p in pods]
+        streams = sum(p.beat.used_slots for p in pods)
         out[pool] = {
             "total_slots": sum(p.total for p in loads),
             "free_slots": policies.free_slots(loads),
+            "streams": streams,
             "waiting": await redis.zcard(keys.pool_queue(pool)),
+            "cost": cost(pricing, len(pods), streams),
             "pods": [p.to_json() for p in pods],
         }
     return {"pools": out}

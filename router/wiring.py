@@ -39,13 +39,15 @@ def connect_redis(config: settings.RouterSettings) -> aioredis.Redis:
 def build(config: settings.RouterSettings) -> Deps:
     redis = connect_redis(config)
     keyring = auth.load_keys(config.api_keys_file) if config.api_keys_file else None
+    meters = metrics.Metrics()
+    meters.publish_pricing(config.gpu_hour_price, config.gpus_per_pod)
     return Deps(
         config=config,
         redis=redis,
         admissions=admissions.Admissions(redis, config),
         sessions=admissions.Sessions(),
         keyring=keyring,
-        meters=metrics.Metrics(),
+        meters=meters,
     )
 
 

@@ -44,7 +44,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    dtype = models.default_dtype(args.device)
     try:
         pcm = audio.load_audio(args.file)
         model = models.load_model(args.model, device=args.device, dtype=dtype,
@@ -65,7 +65,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark and write JSON results")
-    parser.add_argument("target", choices=["engine", "server", "router"])
+    parser.add_argument("target", choices=["engine", "server", "router", "capacity", "isolation"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark")
     parser.set_defaults(handler=_bench)
 

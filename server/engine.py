@@ -56,8 +56,12 @@ class BatchedEngine:
         self.num_codebooks = model.lm.num_audio_codebooks
         self.has_extra_heads = len(model.lm.extra_heads) > 0
         self._stack = contextlib.ExitStack()
-        self._stack.enter_context(model.mimi.streaming(batch_size))
-        self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        try:  # an engine that fails to open (out of memory) leaves the model unowned
+            self._stack.enter_context(model.mimi.streaming(batch_size))
+            self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        except BaseException:
+            self._stack.close()
+            raise
         self._pad_codes = torch.full((batch_size, self.num_codebooks, 1),
                                      model.lm.initial_token_id, dtype=torch.long,
                                      device=self.device)

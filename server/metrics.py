@@ -41,6 +41,10 @@ class ServerMetrics:
         self.resumes = prom.Counter(
             "asr_resumes", "Streams reattached with a resume token", registry=r)
         self.draining = prom.Gauge("asr_draining", "1 while the pod drains", registry=r)
+        self.audio_seconds = prom.Counter(
+            "asr_audio_seconds",
+            "Seconds of stream audio the engine has transcribed (80 ms per slot per step); "
+            "with a price per GPU-hour, cost per audio-hour is price / rate", registry=r)
 
     def exposition(self) -> bytes:
         return prom.generate_latest(self.registry)

@@ -108,6 +108,11 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """The one dtype policy: bfloat16 on CUDA, float32 elsewhere."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 @contextlib.contextmanager
 def compile_policy(device: torch.device) -> Iterator[None]:
     """Let moshi torch.compile its kernels on CUDA only.

@@ -185,6 +185,7 @@ class Pod:
         if output.duration:
             m.model_step_duration.observe(output.duration)
             m.batch_rows.observe(len(output.lags))
+            m.audio_seconds.inc(len(output.lags) * protocol.FRAME_SIZE / protocol.SAMPLE_RATE)
         for lag in output.lags.values():
             m.step_lag.observe(lag)
         m.buffered_audio.set(self.buffers.buffered_total() / protocol.SAMPLE_RATE)

@@ -51,7 +51,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "replicas": 3, "policy": "spread", "queueTimeoutSeconds": 2.5,
             "defaultPool": "stt-en", "resumeGraceSeconds": 60, "sessionLeaseMs": 6000,
             "logLevel": "warning", "preStopSleepSeconds": 10,
-            "terminationGracePeriodSeconds": 20,
+            "terminationGracePeriodSeconds": 20, "gpuHourPrice": 2.5, "gpusPerPod": 2,
             "autoscaling": {"enabled": False},
             "podDisruptionBudget": {"enabled": False},
             "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},

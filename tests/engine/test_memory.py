@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
+from moshi.models.lm import LMGen
 
 from asrpool.server import engine, models
 
@@ -22,3 +25,20 @@ def test_state_bytes_are_the_same_after_100_and_10000_steps() -> None:
                 sizes[step] = eng.state_nbytes()
     assert sizes[100] > 0
     assert sizes[100] == sizes[10_000]
+
+
+def test_an_engine_that_runs_out_of_memory_opening_leaves_the_model_free(
+    tiny: models.LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capacity bench's out-of-memory trial must not poison the next trial."""
+    def out_of_memory(self: LMGen, batch_size: int) -> None:
+        raise torch.cuda.OutOfMemoryError("pretend the KV caches do not fit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LMGen, "streaming", out_of_memory)
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            engine.BatchedEngine(tiny, 2)
+    assert not tiny.mimi.is_streaming and not tiny.lm.is_streaming
+    with engine.BatchedEngine(tiny, 2) as eng:
+        eng.reset_slot(0)
+        assert eng.step({0: np.zeros(1920, dtype=np.float32)}).text_tokens

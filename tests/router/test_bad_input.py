@@ -48,7 +48,8 @@ def router(
             }
         )
     )
-    proc = support.RouterProcess(module_redis.url, workdir, "--api-keys-file", str(key_file))
+    proc = support.RouterProcess(module_redis.url, workdir, "--api-keys-file", str(key_file),
+                                 "--gpu-hour-price", "2.5", "--gpus-per-pod", "2")
     proc.start()
     yield proc
     proc.terminate()
@@ -182,8 +183,12 @@ async def test_pools_view_and_metrics(router: support.RouterProcess, redis: aior
     pool = json.loads(body)["pools"]["view-pool"]
     assert pool["total_slots"] == 4 and pool["free_slots"] == 3
     assert pool["pods"][0]["pod_id"] == "viewed"
+    assert pool["streams"] == 1  # one pod of 2 GPUs at $2.5 an hour, one stream
+    assert pool["cost"] == {"gpus": 2, "cents_per_hour": 500, "cents_per_audio_hour": 500}
     status, body = support.http_get(router.url + "/metrics")
     assert status == 200
+    assert b"asrpool_router_gpu_hour_price_dollars 2.5" in body
+    assert b"asrpool_router_gpus_per_pod 2.0" in body
     for name in (
         "asrpool_router_sessions_open",
         "asrpool_router_rejections_total",

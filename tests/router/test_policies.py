@@ -127,3 +127,20 @@ async def _write_snapshot(
         effective = policies.effective_used(used, held)
         out.append(pod(pod_id, total, effective, draining))
     return out
+
+
+def test_cost_of_a_pool_at_its_current_load() -> None:
+    from asrpool.router import views
+
+    priced = views.Pricing(gpu_hour_price=2.0, gpus_per_pod=1.0)
+    assert views.cost(priced, pods=2, streams=400) == {
+        "gpus": 2.0, "cents_per_hour": 400.0, "cents_per_audio_hour": 1.0}
+    assert views.cost(priced, pods=2, streams=0)["cents_per_audio_hour"] is None
+    assert views.cost(views.Pricing(None), pods=2, streams=5)["cents_per_hour"] is None
+    assert views.cost(views.Pricing(3.0, gpus_per_pod=2), 1, 3)["cents_per_audio_hour"] == 200
+
+
+def test_no_configured_price_is_nan_on_metrics() -> None:
+    from asrpool.router import metrics
+
+    assert b"asrpool_router_gpu_hour_price_dollars NaN" in metrics.Metrics().exposition()

@@ -8,17 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from asrpool.bench import isolation
+
 FRAME_SIZE = 1920
 
 
 def random_speechlike(seconds: float, seed: int) -> np.ndarray:
     """Noise shaped by a random syllable-rate envelope plus a wandering tone."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * 24_000) // FRAME_SIZE * FRAME_SIZE
-    t = np.arange(n) / 24_000
-    envelope = np.abs(np.sin(2 * np.pi * rng.uniform(2, 5) * t + rng.uniform(0, 6)))
-    tone = np.sin(2 * np.pi * np.cumsum(rng.uniform(100, 400, n)) / 24_000)
-    return (0.2 * envelope * (0.5 * rng.standard_normal(n) + tone)).astype(np.float32)
+    return isolation.speechlike(seconds, seed)
 
 
 def frames_of(pcm: np.ndarray) -> list[np.ndarray]:
