@@ -33,8 +33,10 @@ def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    model = models.load_model(config.model, config.device, getattr(torch, config.dtype),
-                              config.context, config.model_revision)
+    dtype = models.default_dtype(config.device) if config.dtype == "auto" \
+        else getattr(torch, config.dtype)
+    model = models.load_model(config.model, config.device, dtype, config.context,
+                              config.model_revision)
     return engine.BatchedEngine(model, config.batch_size)
 
 

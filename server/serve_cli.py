@@ -18,7 +18,8 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--batch-size": ("batch_size", int, "stream slots (rows of the batched engine)"),
     "--context": ("context", int, "rolling KV cache length in steps (default: the model's)"),
     "--device": ("device", str, "torch device (cpu, cuda, cuda:1)"),
-    "--dtype": ("dtype", str, "float32 | bfloat16 | float16"),
+    "--dtype": ("dtype", str, "auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16"
+                " | float16"),
     "--torch-threads": ("torch_threads", int, "CPU threads for torch (default: torch's)"),
     "--host": ("host", str, "address to listen on (default 0.0.0.0)"),
     "--port": ("port", int, "port to listen on (default 8080)"),

@@ -22,7 +22,8 @@ class ServerSettings(pydantic_settings.BaseSettings):
     batch_size: int = pydantic.Field(default=8, ge=1, le=4096)
     context: int | None = pydantic.Field(default=None, ge=1)
     device: str = "cpu"
-    dtype: str = pydantic.Field(default="float32", pattern="^(float32|bfloat16|float16)$")
+    # "auto" is the one dtype policy (models.default_dtype): bfloat16 on CUDA, else float32.
+    dtype: str = pydantic.Field(default="auto", pattern="^(auto|float32|bfloat16|float16)$")
     torch_threads: int | None = pydantic.Field(default=None, ge=1)  # CPU intra-op threads
 
     # Where it listens and how the platform finds it.

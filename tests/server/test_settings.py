@@ -49,3 +49,13 @@ def test_invalid_setting_is_a_clear_error() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "batch_size" in result.stderr
+
+
+def test_the_dtype_follows_the_one_policy_unless_given() -> None:
+    from asrpool.server import models, settings
+
+    assert settings.ServerSettings().dtype == "auto"
+    assert str(models.default_dtype("cuda")) == "torch.bfloat16"
+    assert str(models.default_dtype("cpu")) == "torch.float32"
+    with pytest.raises(ValueError, match="dtype"):
+        settings.ServerSettings(dtype="int8")
