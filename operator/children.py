@@ -129,7 +129,8 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "envFrom": [{"configMapRef": {"name": naming.config_map(pool.name)}}],
         "env": _pod_environment(pool),
         "ports": [{"name": "http", "containerPort": settings.SERVER_PORT, "protocol": "TCP"}],
-        "startupProbe": _probe("/healthz", period=5, failures=120),  # model loading: 10 min
+        # 200 once the model is loaded and warmed; loading may take 10 minutes.
+        "startupProbe": _probe("/startupz", period=5, failures=120),
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         # Three misses before unready: the ReplicaSet controller deletes unready pods
         # before any other on scale-down, so a busy pod slow to answer once must stay ready.

@@ -62,6 +62,12 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
     def healthz() -> responses.Response:
         return _status(pod.state is not pods.State.FAILED, pod.state.value)
 
+    @app.get("/startupz")
+    def startupz() -> responses.Response:
+        """200 once the model is loaded and warmed (the startup probe's budget is the
+        model load); it stays 200 while the pod drains."""
+        return _status(pod.started, pod.state.value)
+
     @app.get("/readyz")
     def readyz() -> responses.Response:
         return _status(pod.ready, pod.state.value)

@@ -106,6 +106,11 @@ class Pod:
     def ready(self) -> bool:
         return self.state is State.READY
 
+    @property
+    def started(self) -> bool:
+        """The model is loaded and warmed: serving now, or draining after serving."""
+        return self.state in (State.READY, State.DRAINING)
+
     def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
         """Why a websocket request is refused before the upgrade (HTTP 401), or None."""
         token = self.settings.pod_token

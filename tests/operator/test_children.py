@@ -96,7 +96,7 @@ def test_probes_use_readyz_and_healthz() -> None:
     assert built["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert built["readinessProbe"]["failureThreshold"] >= 3  # a busy pod is never briefly unready
     assert built["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert built["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert built["startupProbe"]["httpGet"]["path"] == "/startupz"
 
 
 def test_gpus_are_requested_and_limited() -> None:

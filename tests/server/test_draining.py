@@ -28,6 +28,7 @@ async def test_sigterm_lets_open_streams_finish_then_exits_0(
             server.signal(signal.SIGTERM)
             await polling.until(lambda: redis.hget(key, "draining") == "1")
             assert server.http_status("/readyz") == 503
+            assert server.http_status("/startupz") == 200  # started: no restart while draining
             async with await kyutai_client.connect(server.ws_url) as late:
                 error = await kyutai_client.expect(late, "Error")
                 assert error["code"] == "draining"

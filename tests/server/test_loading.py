@@ -66,6 +66,7 @@ def _status(url: str) -> int:
 async def test_not_ready_while_loading(gated: tuple[_Gate, str]) -> None:
     gate, address = gated
     assert _status(f"http://{address}/readyz") == 503
+    assert _status(f"http://{address}/startupz") == 503  # the startup probe waits
     assert _status(f"http://{address}/healthz") == 200
     async with await kyutai_client.connect(f"ws://{address}/api/asr-streaming") as ws:
         error = await kyutai_client.expect(ws, "Error")
@@ -75,6 +76,7 @@ async def test_not_ready_while_loading(gated: tuple[_Gate, str]) -> None:
     while _status(f"http://{address}/readyz") != 200:
         assert time.monotonic() < deadline, "never became ready"
         await asyncio.sleep(0.05)
+    assert _status(f"http://{address}/startupz") == 200
     async with await kyutai_client.connect(f"ws://{address}/api/asr-streaming") as ws:
         await kyutai_client.expect(ws, "Ready")
 
