@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,7 @@ class PodRunner:
         self._environments: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._initialized = False
         self._reported: Obj | None = None
+        self._transitions: dict[str, tuple[str, str]] = {}  # condition -> (status, since)
         self._config_error = ""
 
     # The pod's life.
@@ -398,11 +399,14 @@ class PodRunner:
 
     def status(self) -> Obj:
         containers_ready = self._initialized and all(c.ready() for c in self.containers)
-        stamp = nodes.now()
 
         def condition(kind: str, value: bool) -> Obj:
-            return {"type": kind, "status": "True" if value else "False",
-                    "lastProbeTime": None, "lastTransitionTime": stamp}
+            status = "True" if value else "False"
+            before = self._transitions.get(kind)
+            if before is None or before[0] != status:  # a transition: stamp it now
+                self._transitions[kind] = before = (status, nodes.now())
+            return {"type": kind, "status": status, "lastProbeTime": None,
+                    "lastTransitionTime": before[1]}
 
         return {
             "phase": self._phase(),
@@ -427,7 +431,7 @@ class PodRunner:
 
     def _report(self) -> None:
         status = self.status()
-        if _without_times(status) == _without_times(self._reported):
+        if status == self._reported:
             return
         try:
             self.context.core.patch_namespaced_pod_status(self.pod_name, self.namespace,
@@ -498,13 +502,6 @@ def _http_probe(address: str, probe: podspecs.Probe) -> bool:
             return 200 <= int(answer.status) < 400
     except urllib.error.HTTPError as exc:
         return 200 <= exc.code < 400
-
-
-def _without_times(status: Mapping[str, Any] | None) -> Any:
-    if status is None:
-        return None
-    return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                                     for c in status["conditions"]]}
 
 
 def _api_reason(exc: kubernetes.client.ApiException) -> str:
