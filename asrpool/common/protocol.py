@@ -38,6 +38,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 BUSY_MESSAGE = "no free channels"
 # A plain GET of the streaming path (no upgrade): HTTP 426, as a websocket server answers.
 UPGRADE_REQUIRED = "upgrade to a websocket, or POST a WAV/FLAC/OGG/MP3 file"
+# Samples are float full scale (-1..1). Beyond 16 (24 dB over full scale) a sample is
+# no audio (int16 values sent as floats, garbage), and finite but huge ones (3e38)
+# overflow Mimi's convolutions into NaN: refused (``bad_audio``), never clipped, so a
+# broken client hears why instead of getting a quiet wrong transcript.
+MAX_AMPLITUDE = 16.0
 
 
 class CloseCode(enum.IntEnum):
@@ -152,9 +157,24 @@ def _pcm(value: Any) -> np.ndarray:
     if raw.ndim != 1 or raw.dtype.kind not in "fiu":
         raise ProtocolError("'pcm' must be a flat array of numbers")
     pcm = raw.astype(np.float32)
-    if not np.isfinite(pcm).all():
-        raise ProtocolError("'pcm' contains NaN or infinite samples", "bad_audio")
+    problem = sample_problem(pcm)
+    if problem is not None:
+        raise ProtocolError(f"'pcm' {problem}", "bad_audio")
     return pcm
+
+
+def sample_problem(pcm: np.ndarray) -> str | None:
+    """Why these samples cannot be audio (NaN, infinite, beyond :data:`MAX_AMPLITUDE`),
+    or None: the one check every way audio comes in (frames, Opus, files) goes through."""
+    if pcm.size == 0:
+        return None
+    if not np.isfinite(pcm).all():
+        return "contains NaN or infinite samples"
+    peak = float(np.abs(pcm).max())
+    if peak > MAX_AMPLITUDE:
+        return (f"has a sample of amplitude {peak:.3g}, over the limit of "
+                f"{MAX_AMPLITUDE:g} (samples are floats in -1..1)")
+    return None
 
 
 def _opus_data(value: Any) -> bytes:
