@@ -32,6 +32,7 @@ RESUME_RECEIVED_HEADER = "asrpool-resume-received"
 # only its stream is kept for the resume grace after a lost connection. Every other
 # close or drop frees the slot at once, as moshi-server does.
 RESUMABLE_HEADER = "asrpool-resumable"
+_MAX_COUNT_DIGITS = 18  # any real count of messages fits; int() of more is slow or refused
 
 # moshi-server (axum) takes websocket frames up to 16 MiB: a 10 s float32 chunk is 1.2 MB.
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
@@ -58,6 +59,20 @@ class CloseCode(enum.IntEnum):
     RESTART = 1012  # the pod or router is shutting down
     TRY_AGAIN = 1013  # busy, draining, loading
     TLS = 1015  # never sent
+
+
+def resume_received(headers: Any) -> int | ProtocolError | None:
+    """The ``asrpool-resume-received`` count (None when absent), or why it is malformed:
+    ASCII digits only (``str.isdigit`` takes ``²``, ``int`` refuses 5,000 digits)."""
+    text = headers.get(RESUME_RECEIVED_HEADER)
+    if text is None:
+        return None
+    if not 0 < len(text) <= _MAX_COUNT_DIGITS or not text.isascii() or not text.isdigit():
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        return ProtocolError(f"{RESUME_RECEIVED_HEADER} must be a count of messages "
+                             f"(at most {_MAX_COUNT_DIGITS} digits 0-9), got {shown!r}",
+                             "bad_message")
+    return int(text)
 
 
 def resumable(headers: Any) -> bool:
