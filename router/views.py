@@ -1,7 +1,8 @@
 """A read-only JSON view of pools and pods, as admission counts them.
 
 Reads are not atomic (admission may move between them); the view is for people and
-dashboards, never for decisions.
+dashboards, never for decisions. It is public (the live page reads it), so it names
+no pod address: those are for routers, from Redis.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class PodView:
         load = self.load
         return {
             "pod_id": self.beat.pod_id,
-            "address": self.beat.address,
             "model": self.beat.model,
             "draining": self.beat.draining,
             "total_slots": self.beat.total_slots,

@@ -121,13 +121,13 @@ class Pod:
     def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
         """Why a websocket request is refused before the upgrade (HTTP 401), or None."""
         token = self.settings.pod_token
-        if token and headers.get(protocol.POD_TOKEN_HEADER) != token:
-            return "missing or wrong pod token"
+        if token and not auth.same_secret(headers.get(protocol.POD_TOKEN_HEADER), token):
+            return protocol.UNAUTHORIZED
         keys = self.deps.keys
         if keys is not None:
             plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
             if keys.find(plain) is None:
-                return "missing or invalid API key"
+                return protocol.UNAUTHORIZED
         return None
 
     def not_accepting(self) -> outcomes.Failed | None:

@@ -37,6 +37,8 @@ _MAX_COUNT_DIGITS = 18  # any real count of messages fits; int() of more is slow
 # moshi-server (axum) takes websocket frames up to 16 MiB: a 10 s float32 chunk is 1.2 MB.
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 BUSY_MESSAGE = "no free channels"
+# The body of every HTTP 401 (API key or pod token): it does not say which check failed.
+UNAUTHORIZED = "unauthorized"
 # A plain GET of the streaming path (no upgrade): HTTP 426, as a websocket server answers.
 UPGRADE_REQUIRED = "upgrade to a websocket, or POST a WAV/FLAC/OGG/MP3 file"
 # Samples are float full scale (-1..1). Beyond 16 (24 dB over full scale) a sample is
