@@ -122,8 +122,9 @@ def ready() -> bytes:
     return encode({"type": "Ready"})
 
 
-def error(message: str, code: str | None = None) -> bytes:
-    body: dict[str, Any] = {"type": "Error", "message": message}
+def error(message: str, code: str | None = None, **extra: Any) -> bytes:
+    """``Error{message[, code]}``, plus extension fields (a plain client ignores them)."""
+    body: dict[str, Any] = {"type": "Error", "message": message, **extra}
     if code is not None:
         body["code"] = code
     return encode(body)
