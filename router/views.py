@@ -42,14 +42,15 @@ class PodView:
         }
 
 
-async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat) -> PodView:
-    now = registry.now_ms()
-    live = await redis.zcount(keys.pod_sessions(beat.pod_id), f"({now}", "+inf")
+async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat, now_ms: int) -> PodView:
+    live = await redis.zcount(keys.pod_sessions(beat.pod_id), f"({now_ms}", "+inf")
     return PodView(beat, live)
 
 
 async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodView]:
-    return [await read_pod(redis, beat) for beat in await registry.read_pool(redis, pool)]
+    beats = await registry.read_pool(redis, pool)
+    now = await registry.redis_now_ms(redis)  # the clock the sessions' scores are set by
+    return [await read_pod(redis, beat, now) for beat in beats]
 
 
 async def pools_json(redis: aioredis.Redis) -> dict[str, Any]:

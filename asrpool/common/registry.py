@@ -48,7 +48,14 @@ def pod_owner_key(pod_id: str) -> str:
 
 
 def now_ms() -> int:
+    """This process's clock: for its own timers only, never against times in Redis."""
     return int(time.time() * 1000)
+
+
+async def redis_now_ms(redis: aioredis.Redis) -> int:
+    """Redis's own clock (``TIME``), the one every lease and score in Redis is set by."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def new_instance() -> str:
@@ -191,7 +198,7 @@ async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str, instance: st
 async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodHeartbeat]:
     """The live pods of a pool (lease not expired), dropping dead members on the way."""
     key = pool_pods_key(pool)
-    await redis.zremrangebyscore(key, "-inf", now_ms())
+    await redis.zremrangebyscore(key, "-inf", await redis_now_ms(redis))
     pod_ids = [_text(p) for p in await redis.zrange(key, 0, -1)]
     beats = []
     for pod_id in pod_ids:
