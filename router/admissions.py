@@ -174,7 +174,8 @@ class Admissions:
         )
 
     async def release(self, session: Session) -> None:
-        await self._release(args=[session.session_id, session.conn, session.pod_id, session.key_id])
+        await self._release(args=[session.session_id, session.conn, session.pod_id,
+                                  session.key_id, self.config.hold_ms])
 
     async def detach(self, session: Session) -> None:
         await self._detach(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ import redis
 from starlette import requests, responses, staticfiles
 
 from asrpool.common import builds, protocol
-from asrpool.router import settings, streaming, uploads, views, wiring
+from asrpool.router import refusals, settings, streaming, uploads, views, wiring
+
+log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"  # the live page (index.html, live.js, vendor/)
 
@@ -101,7 +104,7 @@ async def _redis_view(
         pricing = views.Pricing(deps.config.gpu_hour_price, deps.config.gpus_per_pod)
         return responses.JSONResponse(shape(await views.pools_json(deps.redis, pricing)))
     except redis.RedisError as exc:
-        return responses.JSONResponse({"error": f"Redis unreachable: {exc}"}, status_code=503)
+        return _unavailable(deps, "view", exc)
 
 
 async def ready(deps: wiring.Deps) -> responses.Response:
@@ -109,5 +112,14 @@ async def ready(deps: wiring.Deps) -> responses.Response:
     try:
         await deps.redis.ping()
     except redis.RedisError as exc:
-        return responses.JSONResponse({"ready": False, "reason": str(exc)}, status_code=503)
+        return _unavailable(deps, "ready", exc)
     return responses.JSONResponse({"ready": True, "sessions": len(deps.sessions)})
+
+
+def _unavailable(deps: wiring.Deps, what: str, exc: redis.RedisError) -> responses.Response:
+    """503 that names no address or Redis error (those go to the log, once a call)."""
+    deps.meters.redis_errors.labels(what).inc()
+    log.warning("%s: Redis unreachable: %s", what, exc)
+    refusal = refusals.unavailable()
+    body = {"ready": False, "error": refusal.code, "message": refusal.message}
+    return responses.JSONResponse(body, status_code=503)

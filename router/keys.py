@@ -3,6 +3,7 @@
 | key | type | content |
 | --- | --- | --- |
 | ``asrpool:session:{sid}`` | hash, lease | the pinning record of one session |
+| ``asrpool:session:{sid}:ended`` | string, lease | a released session's tombstone |
 | ``asrpool:pod:{pod}:sessions`` | zset | session ids on the pod, scored by end of counting |
 | ``asrpool:apikey:{key}:sessions`` | zset | session ids of one API key, scored by lease deadline |
 | ``asrpool:pool:{pool}:queue`` | zset | waiting tickets, scored by arrival order |

@@ -162,6 +162,7 @@ local sid, conn, pod, key_id = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 local skey = P .. ':session:' .. sid
 local owner = redis.call('HGET', skey, 'conn')
 if owner and owner ~= conn then return 0 end
+if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end  -- released: stay so
 local deadline = now + tonumber(ARGV[3])
 if not owner then  -- Redis lost the record (a restart): write it again
   local fields = {}
@@ -175,13 +176,16 @@ return 1
 """
 )
 
-# End a session for good. ARGV: sid, conn, pod, key_id. A record another connection has
-# claimed (a resume through another router) is left alone.
+# End a session for good. ARGV: sid, conn, pod, key_id, hold_ms. A record another
+# connection has claimed (a resume through another router) is left alone. A tombstone
+# (``...:ended``) outlives any lease the session had, so a renewal still in flight
+# cannot write the record back (RENEW rebuilds only what a Redis restart lost).
 RELEASE = """
 local skey = 'asrpool:session:' .. ARGV[1]
 local owner = redis.call('HGET', skey, 'conn')
 if owner and owner ~= ARGV[2] then return 0 end
 redis.call('DEL', skey)
+redis.call('SET', skey .. ':ended', '1', 'PX', tonumber(ARGV[5]))
 redis.call('ZREM', 'asrpool:pod:' .. ARGV[3] .. ':sessions', ARGV[1])
 if ARGV[4] ~= '' then redis.call('ZREM', 'asrpool:apikey:' .. ARGV[4] .. ':sessions', ARGV[1]) end
 return 1

@@ -6,7 +6,7 @@ import logging
 
 import uvicorn
 
-from asrpool.common import framing
+from asrpool.common import auth, framing
 from asrpool.router import app, settings, wiring
 
 
@@ -17,7 +17,7 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # buffered, with Error{code:"too_large"} and a 1009 close (framing.WebSocketProtocol).
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
-    return uvicorn.Config(
+    uv_config = uvicorn.Config(
         app.create_app(config, wiring.build(config)),
         host=config.host,
         port=config.port,
@@ -32,6 +32,8 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
         log_level=config.log_level,
         timeout_graceful_shutdown=5,
     )
+    auth.redact_server_logs()  # after the Config: it configures uvicorn's loggers
+    return uv_config
 
 
 def serve(config: settings.RouterSettings) -> int:

@@ -40,7 +40,7 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
     if key is None:
         deps.meters.rejections.labels("unauthorized").inc()
         await ws.send_denial_response(
-            responses.PlainTextResponse("invalid or missing API key", status_code=401)
+            responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
         )
         return
     conn = uuid.uuid4().hex

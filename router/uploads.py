@@ -31,7 +31,7 @@ async def transcribe(
     key = streaming.authenticate(request, deps.keyring)
     if key is None:
         deps.meters.rejections.labels("unauthorized").inc()
-        return responses.PlainTextResponse("invalid or missing API key", status_code=401)
+        return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
     try:
         body = await bodies.read_limited(request, deps.config.max_upload_bytes)
     except bodies.TooLarge as exc:

@@ -1,7 +1,8 @@
 """A read-only JSON view of pools and pods, as admission counts them.
 
 Reads are not atomic (admission may move between them); the view is for people and
-dashboards, never for decisions.
+dashboards, never for decisions. It is public (the live page reads it), so it names
+no pod address: those are for routers, from Redis.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class PodView:
         load = self.load
         return {
             "pod_id": self.beat.pod_id,
-            "address": self.beat.address,
             "model": self.beat.model,
             "draining": self.beat.draining,
             "total_slots": self.beat.total_slots,
@@ -42,14 +42,15 @@ class PodView:
         }
 
 
-async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat) -> PodView:
-    now = registry.now_ms()
-    live = await redis.zcount(keys.pod_sessions(beat.pod_id), f"({now}", "+inf")
+async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat, now_ms: int) -> PodView:
+    live = await redis.zcount(keys.pod_sessions(beat.pod_id), f"({now_ms}", "+inf")
     return PodView(beat, live)
 
 
 async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodView]:
-    return [await read_pod(redis, beat) for beat in await registry.read_pool(redis, pool)]
+    beats = await registry.read_pool(redis, pool)
+    now = await registry.redis_now_ms(redis)  # the clock the sessions' scores are set by
+    return [await read_pod(redis, beat, now) for beat in beats]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The first SIGTERM (or SIGINT) marks the pod draining at once (readiness and the Redis
 heartbeat), new streams get ``Error{code:"draining"}``, open streams may finish for
-``drain_grace_seconds``; the rest then get ``Error{"server shutting down"}`` and a
+``drain_grace_seconds`` (streams held for a resume too); the rest then get
+``Error{"server shutting down: ...", code:"draining", processed_seconds}`` and a
 close, and only then does uvicorn stop listening and shut down. A second signal cuts
 the wait short. Unlike plain uvicorn, the signal is not re-raised after the shutdown,
 so a drained pod exits 0.
@@ -20,7 +21,6 @@ from typing import Any
 
 import uvicorn
 
-from asrpool.common import protocol
 from asrpool.server import outcomes, pods
 
 logger = logging.getLogger(__name__)
@@ -30,21 +30,23 @@ _CLOSE_SECONDS = 3.0
 
 
 async def drain(pod: pods.Pod, grace: float) -> None:
-    """Wait for attached streams up to ``grace`` seconds, then end the rest.
+    """Wait for every stream up to ``grace`` seconds, then end the rest.
 
-    Streams held for a resume may come back meanwhile, but are not waited for.
+    Streams held for a resume are waited for too (their client may come back, and a
+    resume is accepted while draining); each stream still attached at the end hears
+    how far its audio was transcribed.
     """
     deadline = time.monotonic() + grace
-    while pod.sessions.attached and time.monotonic() < deadline:
+    while pod.sessions.used and time.monotonic() < deadline:
         await asyncio.sleep(_POLL_SECONDS)
     leftover = pod.sessions.streams()
     if leftover:
         logger.info("drain grace over: closing %d streams", len(leftover))
-    shutting_down = outcomes.Failed(
-        "server shutting down", "draining", protocol.CloseCode.RESTART)
     for stream in leftover:
         if stream.attached:
-            stream.end_connection(shutting_down)
+            received = pod.buffers.received(stream.slot)
+            processed = received - pod.buffers.buffered(stream.slot)
+            stream.end_connection(outcomes.shutting_down(processed, received))
         else:
             pod.sessions.close(stream)
     close_by = time.monotonic() + _CLOSE_SECONDS

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 from moshi.models.lm import LMGen
+from moshi.modules.transformer import RingKVCache
 
+from asrpool.common import protocol
 from asrpool.server import events as ev
 from asrpool.server import models
 from asrpool.server.models import LoadedModel
@@ -62,6 +64,8 @@ class BatchedEngine:
         except BaseException:
             self._stack.close()
             raise
+        self._kv_caches = _kv_caches(model.mimi.get_streaming_state(),
+                                     model.lm.get_streaming_state())
         self._pad_codes = torch.full((batch_size, self.num_codebooks, 1),
                                      model.lm.initial_token_id, dtype=torch.long,
                                      device=self.device)
@@ -91,8 +95,17 @@ class BatchedEngine:
         mask[slot] = True
         self.model.mimi.reset_streaming(mask)
         self.lm_gen.reset_streaming(mask)
+        self._clear_caches(mask)
         self._prev_codes[slot] = self._pad_codes[slot]
         self.decoders[slot].reset(keep_markers)
+
+    def _clear_caches(self, mask: torch.Tensor) -> None:
+        """Zero the rows of ``mask`` in every attention cache. moshi's reset only rewinds
+        their offsets, and masked-out positions still enter attention with weight 0:
+        a NaN left by the previous stream (0 x NaN) would reach the next one."""
+        rows = mask.view(1, -1, 1, 1, 1)
+        for cache in self._kv_caches:
+            cache.cache.masked_fill_(rows, 0.0)
 
     def add_marker(self, slot: int, marker_id: int, frames_pending: int) -> None:
         self._check_slot(slot)
@@ -176,8 +189,15 @@ def check_frame(frame: np.ndarray) -> None:
     if not isinstance(frame, np.ndarray) or frame.shape != (FRAME_SIZE,):
         shape = getattr(frame, "shape", type(frame).__name__)
         raise EngineInputError(f"a frame must be {FRAME_SIZE} mono samples, got {shape}")
-    if not np.isfinite(frame).all():
-        raise EngineInputError("a frame contains NaN or infinite samples")
+    problem = protocol.sample_problem(frame)
+    if problem is not None:
+        raise EngineInputError(f"a frame {problem}")
+
+
+def _kv_caches(*states: Mapping[str, object]) -> list[RingKVCache]:
+    """Every rolling attention cache in these streaming states (Mimi's and the LM's)."""
+    found = [getattr(state, "kv_cache", None) for group in states for state in group.values()]
+    return [cache for cache in found if isinstance(cache, RingKVCache)]
 
 
 def _tensor_bytes(obj: object, seen: set[int]) -> int:

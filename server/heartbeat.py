@@ -25,14 +25,33 @@ def connect(url: str, timeout: float = 0.5) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
+async def claim_at_start(redis_client: aioredis.Redis, pod_id: str, instance: str,
+                         lease_ms: int) -> None:
+    """Hold the pod id for this process (raises ``registry.PodIdTaken``); an unreachable
+    Redis is no reason not to start: the beats claim it once Redis answers."""
+    try:
+        await registry.claim_at_start(redis_client, pod_id, instance, lease_ms)
+    except REDIS_ERRORS as exc:
+        logger.warning("cannot claim pod id %s in Redis yet (will retry): %s", pod_id, exc)
+
+
+async def hold(redis_client: aioredis.Redis, pod_id: str, instance: str,
+               lease_ms: int) -> None:
+    """Renew the claim while the model loads (no beat is written before it is ready)."""
+    with contextlib.suppress(*REDIS_ERRORS):
+        await registry.claim(redis_client, pod_id, instance, lease_ms)
+
+
 async def run(redis_client: aioredis.Redis, snapshot: Callable[[], registry.PodHeartbeat],
-              interval: float, lease_ms: int, wake: asyncio.Event) -> None:
+              interval: float, lease_ms: int, wake: asyncio.Event, instance: str = "") -> None:
     """Write a beat every ``interval`` seconds, or at once when ``wake`` is set."""
     failing = False
+    taken = False
     while True:
         wake.clear()
         try:
-            await registry.write_heartbeat(redis_client, snapshot(), lease_ms)
+            written = await registry.write_heartbeat(redis_client, snapshot(), lease_ms,
+                                                     instance)
         except REDIS_ERRORS as exc:
             if not failing:
                 logger.warning("heartbeat to Redis failed (will retry): %s", exc)
@@ -41,13 +60,19 @@ async def run(redis_client: aioredis.Redis, snapshot: Callable[[], registry.PodH
             if failing:
                 logger.info("heartbeat to Redis restored")
             failing = False
+            if not written and not taken:
+                logger.error("pod id %s is held by another process: not heartbeating "
+                             "(give every pod its own --pod-id)", snapshot().pod_id)
+            taken = not written
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(wake.wait(), interval)
 
 
-async def withdraw(redis_client: aioredis.Redis, pod_id: str, pool: str) -> None:
+async def withdraw(redis_client: aioredis.Redis, pod_id: str, pool: str,
+                   instance: str = "") -> None:
+    """Remove this process's record at a clean exit (never another process's)."""
     try:
-        await registry.remove_pod(redis_client, pod_id, pool)
+        await registry.remove_pod(redis_client, pod_id, pool, instance)
     except REDIS_ERRORS as exc:
         logger.warning("could not remove pod %s from Redis (its lease will expire): %s",
                        pod_id, exc)

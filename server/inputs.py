@@ -142,7 +142,11 @@ class OpusDecoder:
             pcm = [self._reader.append_bytes(page) for page in pages]
         except ValueError as exc:  # sphn reports what it cannot decode as ValueError
             raise _bad(f"undecodable Ogg Opus data: {exc}") from exc
-        return np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1) for p in pcm])
+        out = np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1) for p in pcm])
+        problem = protocol.sample_problem(out)
+        if problem is not None:
+            raise _bad(f"decoded Ogg Opus audio {problem}")
+        return out
 
 
 @dataclasses.dataclass

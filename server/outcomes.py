@@ -33,9 +33,10 @@ class Failed:
     message: str
     code: str
     close_code: protocol.CloseCode = protocol.CloseCode.POLICY
+    extra: tuple[tuple[str, float], ...] = ()  # extension fields of the Error
 
     def frame(self) -> bytes:
-        return protocol.error(self.message, self.code)
+        return protocol.error(self.message, self.code, **dict(self.extra))
 
 
 Outcome = Closed | Lost | Replaced | Failed
@@ -43,3 +44,14 @@ Outcome = Closed | Lost | Replaced | Failed
 
 def busy(message: str = protocol.BUSY_MESSAGE) -> Failed:
     return Failed(message, "busy", protocol.CloseCode.TRY_AGAIN)
+
+
+def shutting_down(processed: int, received: int) -> Failed:
+    """The drain's grace is over: how far the stream's audio was transcribed (samples
+    the model has taken, of those received), so the client knows what to send again."""
+    done, got = processed / protocol.SAMPLE_RATE, received / protocol.SAMPLE_RATE
+    return Failed(
+        f"server shutting down: {done:.2f} s of this stream's audio were transcribed "
+        f"({got:.2f} s received); send the rest to a new stream", "draining",
+        protocol.CloseCode.RESTART,
+        (("processed_seconds", round(done, 3)), ("received_seconds", round(got, 3))))

@@ -59,6 +59,7 @@ class Pod:
         self.state = State.LOADING
         self.model_id = config.model
         self.failure: BaseException | None = None
+        self.instance = registry.new_instance()  # this process, among pods of one id
         self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
         self._heartbeat_wake = asyncio.Event()
         self._engine: engine_loop.EngineLoop | None = None
@@ -69,6 +70,16 @@ class Pod:
     # Life cycle.
 
     async def start(self) -> None:
+        if self.deps.redis is not None:
+            try:
+                await heartbeat.claim_at_start(self.deps.redis, self.settings.pod_id,
+                                               self.instance, self.settings.heartbeat_lease_ms)
+            except registry.PodIdTaken as exc:
+                logger.error("cannot start: %s", exc)
+                self.failure = exc
+                self.state = State.FAILED
+                self.stopped.set()
+                return
         loop = asyncio.get_running_loop()
         self._engine = engine_loop.EngineLoop(
             self.deps.engine_factory, self.buffers, loop, self._on_output, self._on_ready,
@@ -84,7 +95,8 @@ class Pod:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.deps.redis is not None:
-            await heartbeat.withdraw(self.deps.redis, self.settings.pod_id, self.settings.pool)
+            await heartbeat.withdraw(self.deps.redis, self.settings.pod_id, self.settings.pool,
+                                     self.instance)
             await self.deps.redis.aclose()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.stop)
@@ -114,13 +126,13 @@ class Pod:
     def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
         """Why a websocket request is refused before the upgrade (HTTP 401), or None."""
         token = self.settings.pod_token
-        if token and headers.get(protocol.POD_TOKEN_HEADER) != token:
-            return "missing or wrong pod token"
+        if token and not auth.same_secret(headers.get(protocol.POD_TOKEN_HEADER), token):
+            return protocol.UNAUTHORIZED
         keys = self.deps.keys
         if keys is not None:
             plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
             if keys.find(plain) is None:
-                return "missing or invalid API key"
+                return protocol.UNAUTHORIZED
         return None
 
     def not_accepting(self) -> outcomes.Failed | None:
@@ -200,11 +212,13 @@ class Pod:
         self._heartbeat_wake.set()
 
     async def _heartbeat(self, redis: aioredis.Redis) -> None:
+        lease_ms = self.settings.heartbeat_lease_ms
         while self.state is State.LOADING:
+            await heartbeat.hold(redis, self.settings.pod_id, self.instance, lease_ms)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._heartbeat_wake.wait(), 0.5)
             self._heartbeat_wake.clear()
         if self.state is State.FAILED:
             return
         await heartbeat.run(redis, self.beat, self.settings.heartbeat_interval_seconds,
-                            self.settings.heartbeat_lease_ms, self._heartbeat_wake)
+                            lease_ms, self._heartbeat_wake, self.instance)

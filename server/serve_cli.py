@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         ws_ping_timeout=config.ping_timeout_seconds,
         timeout_graceful_shutdown=5,
         lifespan="on")
+    auth.redact_server_logs()
     server = draining.DrainingServer(uv_config, app.state.pod)
     server.run()
     failure = app.state.pod.failure

@@ -121,13 +121,21 @@ class Sessions:
         if stream.expiry is not None:
             stream.expiry.cancel()
             stream.expiry = None
+        self._claim(stream)  # now, not after the handshake: a second resume waits for us
         return stream
 
-    def attach(self, stream: Stream) -> asyncio.Future[outcomes.Outcome]:
+    def _claim(self, stream: Stream) -> None:
         stream.attached = True
         stream.detached.clear()
         stream.kick = asyncio.get_running_loop().create_future()
+
+    def attach(self, stream: Stream) -> asyncio.Future[outcomes.Outcome]:
+        """The connection is up; a resumed stream keeps the claim taken by
+        :meth:`reclaim` (a newer resume may already have asked it to end)."""
+        if stream.kick is None:
+            self._claim(stream)
         stream.has_output.set()
+        assert stream.kick is not None
         return stream.kick
 
     def restart(self, stream: Stream) -> None:

@@ -32,13 +32,18 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
         await ws.send_denial_response(responses.PlainTextResponse(refusal, status_code=401))
         return
     token = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
+    received = protocol.resume_received(ws.headers)
+    if isinstance(received, protocol.ProtocolError):  # before the stream is touched
+        pod.count_error(received.code)
+        await ws.send_denial_response(responses.PlainTextResponse(str(received), 400))
+        return
     claimed = await pod.reclaim(token) if token else pod.open(protocol.resumable(ws.headers))
     if isinstance(claimed, outcomes.Failed):
         await _refuse(ws, pod, claimed)
         return
-    if token:
-        _replay(claimed, ws.headers.get(protocol.RESUME_RECEIVED_HEADER, ""))
     try:
+        if token:
+            _replay(claimed, received)
         await ws.accept(headers=[
             (protocol.SESSION_ID_HEADER.encode(), claimed.session_id.encode()),
             (protocol.RESUME_TOKEN_HEADER.encode(), claimed.resume_token.encode()),
@@ -47,11 +52,14 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
     except OSError:  # the client left during the handshake: only a resumed stream waits
         claimed.finish(outcomes.Lost())
         return
+    except BaseException:  # never leave a claimed slot behind (cancelled, a bug)
+        claimed.finish(outcomes.Lost())
+        raise
     await _attached(ws, pod, claimed, resumed=bool(token))
 
 
-def _replay(handle: handles.Handle, received: str) -> None:
-    replayed = handle.replay_from(int(received)) if received.isdigit() else 0
+def _replay(handle: handles.Handle, received: int | None) -> None:
+    replayed = 0 if received is None else handle.replay_from(received)
     logger.info("stream %s resumed: %d messages replayed, %d waiting", handle.session_id,
                 replayed, handle.waiting())
 

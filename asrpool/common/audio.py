@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from asrpool.common import protocol
 from asrpool.common.protocol import FRAME_SIZE, SAMPLE_RATE
 
 
@@ -45,6 +46,9 @@ def decode_audio_bytes(data: bytes) -> np.ndarray:
         pcm = _decode_file(data)
     if pcm.size == 0:
         raise AudioFileError("the body holds no audio")
+    problem = protocol.sample_problem(pcm)
+    if problem is not None:
+        raise AudioFileError(f"the body's audio {problem}")
     return pcm
 
 

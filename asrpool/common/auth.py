@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import logging
 import re
 from pathlib import Path
 
@@ -53,6 +54,39 @@ class KeyRing:
             if hmac.compare_digest(key.sha256, digest):
                 match = key
         return match
+
+
+def same_secret(given: str | None, expected: str) -> bool:
+    """``given == expected`` in constant time (any text: compared as UTF-8 bytes)."""
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+# ``auth_id`` (the live page's key, in the query) as uvicorn logs paths, encoded or not.
+_SECRET_QUERY = re.compile(r"((?:^|[?&])auth(?:_|%5f)id=)[^&\s\"']*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    return _SECRET_QUERY.sub(r"\1<redacted>", text)
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites a record whose message carries an API key in a query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact_server_logs() -> None:
+    """Keep API keys out of uvicorn's access and websocket lines (call after uvicorn has
+    configured its logging, i.e. after building its ``Config``)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactSecrets) for f in logger.filters):
+            logger.addFilter(RedactSecrets())
 
 
 def load_keys(path: str | Path) -> KeyRing:

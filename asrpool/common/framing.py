@@ -8,6 +8,8 @@ subclass that changes two policies to moshi-server's:
   before its payload is buffered; plain uvicorn then closes with 1009 and says
   nothing. Here the client first gets ``Error{code:"too_large"}`` naming the sizes.
   The application then receives a disconnect with code 1009.
+- A refused handshake (HTTP 401 before the upgrade) is a complete one: plain uvicorn
+  logs an ERROR line for each.
 - Liveness: moshi-server drops a client it has heard nothing from (no frame of any
   kind) for 20 s, and pings after 10 s. uvicorn pings every ``ws_ping_interval`` and
   drops a client whose pong is late by ``ws_ping_timeout``, even one that sends audio
@@ -17,6 +19,8 @@ subclass that changes two policies to moshi-server's:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from uvicorn.protocols.websockets import websockets_sansio_impl
 from websockets import exceptions, frames
@@ -40,6 +44,14 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
             self.schedule_ping()
             return
         super().keepalive_timeout()
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            # A denial (HTTP 401 before the upgrade) completes the handshake; uvicorn
+            # forgets to note it and logs "returned without completing handshake" at
+            # ERROR for every refused client.
+            self.handshake_complete = True
 
     def handle_parser_exception(self) -> None:
         exc = self.conn.parser_exc

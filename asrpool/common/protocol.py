@@ -32,12 +32,20 @@ RESUME_RECEIVED_HEADER = "asrpool-resume-received"
 # only its stream is kept for the resume grace after a lost connection. Every other
 # close or drop frees the slot at once, as moshi-server does.
 RESUMABLE_HEADER = "asrpool-resumable"
+_MAX_COUNT_DIGITS = 18  # any real count of messages fits; int() of more is slow or refused
 
 # moshi-server (axum) takes websocket frames up to 16 MiB: a 10 s float32 chunk is 1.2 MB.
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 BUSY_MESSAGE = "no free channels"
+# The body of every HTTP 401 (API key or pod token): it does not say which check failed.
+UNAUTHORIZED = "unauthorized"
 # A plain GET of the streaming path (no upgrade): HTTP 426, as a websocket server answers.
 UPGRADE_REQUIRED = "upgrade to a websocket, or POST a WAV/FLAC/OGG/MP3 file"
+# Samples are float full scale (-1..1). Beyond 16 (24 dB over full scale) a sample is
+# no audio (int16 values sent as floats, garbage), and finite but huge ones (3e38)
+# overflow Mimi's convolutions into NaN: refused (``bad_audio``), never clipped, so a
+# broken client hears why instead of getting a quiet wrong transcript.
+MAX_AMPLITUDE = 16.0
 
 
 class CloseCode(enum.IntEnum):
@@ -53,6 +61,20 @@ class CloseCode(enum.IntEnum):
     RESTART = 1012  # the pod or router is shutting down
     TRY_AGAIN = 1013  # busy, draining, loading
     TLS = 1015  # never sent
+
+
+def resume_received(headers: Any) -> int | ProtocolError | None:
+    """The ``asrpool-resume-received`` count (None when absent), or why it is malformed:
+    ASCII digits only (``str.isdigit`` takes ``²``, ``int`` refuses 5,000 digits)."""
+    text = headers.get(RESUME_RECEIVED_HEADER)
+    if text is None:
+        return None
+    if not 0 < len(text) <= _MAX_COUNT_DIGITS or not text.isascii() or not text.isdigit():
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        return ProtocolError(f"{RESUME_RECEIVED_HEADER} must be a count of messages "
+                             f"(at most {_MAX_COUNT_DIGITS} digits 0-9), got {shown!r}",
+                             "bad_message")
+    return int(text)
 
 
 def resumable(headers: Any) -> bool:
@@ -100,8 +122,9 @@ def ready() -> bytes:
     return encode({"type": "Ready"})
 
 
-def error(message: str, code: str | None = None) -> bytes:
-    body: dict[str, Any] = {"type": "Error", "message": message}
+def error(message: str, code: str | None = None, **extra: Any) -> bytes:
+    """``Error{message[, code]}``, plus extension fields (a plain client ignores them)."""
+    body: dict[str, Any] = {"type": "Error", "message": message, **extra}
     if code is not None:
         body["code"] = code
     return encode(body)
@@ -152,9 +175,24 @@ def _pcm(value: Any) -> np.ndarray:
     if raw.ndim != 1 or raw.dtype.kind not in "fiu":
         raise ProtocolError("'pcm' must be a flat array of numbers")
     pcm = raw.astype(np.float32)
-    if not np.isfinite(pcm).all():
-        raise ProtocolError("'pcm' contains NaN or infinite samples", "bad_audio")
+    problem = sample_problem(pcm)
+    if problem is not None:
+        raise ProtocolError(f"'pcm' {problem}", "bad_audio")
     return pcm
+
+
+def sample_problem(pcm: np.ndarray) -> str | None:
+    """Why these samples cannot be audio (NaN, infinite, beyond :data:`MAX_AMPLITUDE`),
+    or None: the one check every way audio comes in (frames, Opus, files) goes through."""
+    if pcm.size == 0:
+        return None
+    if not np.isfinite(pcm).all():
+        return "contains NaN or infinite samples"
+    peak = float(np.abs(pcm).max())
+    if peak > MAX_AMPLITUDE:
+        return (f"has a sample of amplitude {peak:.3g}, over the limit of "
+                f"{MAX_AMPLITUDE:g} (samples are floats in -1..1)")
+    return None
 
 
 def _opus_data(value: Any) -> bytes:

@@ -9,13 +9,22 @@ Every server pod heartbeats (at least once a second) into:
 - ``asrpool:pools``: the set of pool names seen.
 
 Readers must treat a pod as alive only while its hash exists and its score in the
-pool set is in the future.
+pool set is in the future. Every time in these keys is Redis's own (``TIME``), never a
+pod's clock, so a skewed pod cannot make itself immortal or dead to the routers.
+
+One pod id, one process: ``asrpool:pod:{pod_id}:owner`` names the process (a random
+instance id) that holds the id, on the same lease. A process claims it at start
+(:func:`claim_at_start`, waiting out at most one lease of a crashed predecessor),
+renews it with every beat, and its writes and its removal at exit touch the pod's keys
+only while it owns them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
+import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -34,8 +43,71 @@ def pool_pods_key(pool: str) -> str:
     return f"{KEY_PREFIX}:pool:{pool}:pods"
 
 
+def pod_owner_key(pod_id: str) -> str:
+    return f"{KEY_PREFIX}:pod:{pod_id}:owner"
+
+
 def now_ms() -> int:
+    """This process's clock: for its own timers only, never against times in Redis."""
     return int(time.time() * 1000)
+
+
+async def redis_now_ms(redis: aioredis.Redis) -> int:
+    """Redis's own clock (``TIME``), the one every lease and score in Redis is set by."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def new_instance() -> str:
+    """A process's own id, to tell it apart from another process of the same pod id."""
+    return uuid.uuid4().hex
+
+
+class PodIdTaken(RuntimeError):
+    """Another live process holds this pod id."""
+
+
+_PRELUDE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- KEYS[1] is the owner key; ARGV[1] this process's instance ('' when it has none)
+local function owns(lease_ms)
+  if ARGV[1] == '' then return true end
+  local owner = redis.call('GET', KEYS[1])
+  if owner and owner ~= ARGV[1] then return false end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', lease_ms)
+  return true
+end
+"""
+
+# KEYS: owner. ARGV: instance, lease_ms. Returns 1 when this instance holds the id.
+_CLAIM = _PRELUDE + """
+return owns(tonumber(ARGV[2])) and 1 or 0
+"""
+
+# KEYS: owner, pod hash, pool set, pools set. ARGV: instance, lease_ms, pod_id, pool,
+# then the hash's field/value pairs. Returns 0 (writing nothing) when another process
+# owns the id.
+_BEAT = _PRELUDE + """
+local lease_ms = tonumber(ARGV[2])
+if not owns(lease_ms) then return 0 end
+local fields = {}
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[2], 'updated_ms', now, unpack(fields))
+redis.call('PEXPIRE', KEYS[2], lease_ms)
+redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[4])
+return 1
+"""
+
+# KEYS: owner, pod hash, pool set. ARGV: instance, pod_id. Another owner's keys stay.
+_REMOVE = """
+local owner = redis.call('GET', KEYS[1])
+if ARGV[1] ~= '' and owner and owner ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+return 1
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,30 +152,53 @@ def _text(value: Any) -> str:
 
 
 async def write_heartbeat(
-    redis: aioredis.Redis, beat: PodHeartbeat, lease_ms: int = DEFAULT_LEASE_MS
-) -> None:
-    """Publish one heartbeat atomically (hash, lease, pool membership)."""
-    beat = dataclasses.replace(beat, updated_ms=now_ms())
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(pod_key(beat.pod_id), mapping=beat.to_hash())  # type: ignore[arg-type]
-        pipe.pexpire(pod_key(beat.pod_id), lease_ms)
-        pipe.zadd(pool_pods_key(beat.pool), {beat.pod_id: beat.updated_ms + lease_ms})
-        pipe.sadd(POOLS_KEY, beat.pool)
-        await pipe.execute()
+    redis: aioredis.Redis, beat: PodHeartbeat, lease_ms: int = DEFAULT_LEASE_MS,
+    instance: str = "",
+) -> bool:
+    """Publish one heartbeat atomically (hash, lease, pool membership), timed by Redis.
+    With an ``instance``, only while that process owns the pod id: False if another does."""
+    fields = beat.to_hash()
+    fields.pop("updated_ms")
+    pairs = [item for pair in fields.items() for item in pair]
+    keys = [pod_owner_key(beat.pod_id), pod_key(beat.pod_id), pool_pods_key(beat.pool),
+            POOLS_KEY]
+    script = redis.register_script(_BEAT)
+    return bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
+                                              *pairs]))
 
 
-async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str) -> None:
-    """Withdraw a pod at a clean exit, without waiting for its lease."""
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(pod_key(pod_id))
-        pipe.zrem(pool_pods_key(pool), pod_id)
-        await pipe.execute()
+async def claim(redis: aioredis.Redis, pod_id: str, instance: str,
+                lease_ms: int = DEFAULT_LEASE_MS) -> bool:
+    """Hold (or renew) the pod id for this process; False while another process does."""
+    script = redis.register_script(_CLAIM)
+    return bool(await script(keys=[pod_owner_key(pod_id)], args=[instance, lease_ms]))
+
+
+async def claim_at_start(redis: aioredis.Redis, pod_id: str, instance: str,
+                         lease_ms: int = DEFAULT_LEASE_MS, poll_s: float = 0.1) -> None:
+    """Claim the id, waiting out at most one lease (a crashed predecessor's record lapses;
+    a live pod renews its own). Raises :class:`PodIdTaken` if it stays held."""
+    deadline = time.monotonic() + lease_ms / 1000 + 1.0
+    while not await claim(redis, pod_id, instance, lease_ms):
+        if time.monotonic() > deadline:
+            raise PodIdTaken(
+                f"pod id {pod_id!r} is held by a live pod (its record in Redis was renewed "
+                f"for over {lease_ms} ms): give every pod its own --pod-id")
+        await asyncio.sleep(poll_s)
+
+
+async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str, instance: str = "") -> bool:
+    """Withdraw a pod at a clean exit, without waiting for its lease; with an
+    ``instance``, only the record that process owns (False: another process's, kept)."""
+    script = redis.register_script(_REMOVE)
+    keys = [pod_owner_key(pod_id), pod_key(pod_id), pool_pods_key(pool)]
+    return bool(await script(keys=keys, args=[instance, pod_id]))
 
 
 async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodHeartbeat]:
     """The live pods of a pool (lease not expired), dropping dead members on the way."""
     key = pool_pods_key(pool)
-    await redis.zremrangebyscore(key, "-inf", now_ms())
+    await redis.zremrangebyscore(key, "-inf", await redis_now_ms(redis))
     pod_ids = [_text(p) for p in await redis.zrange(key, 0, -1)]
     beats = []
     for pod_id in pod_ids:
