@@ -59,6 +59,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="phases of each kind")
     parser.add_argument("--skip-proxy", action="store_true")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--baseline", choices=["nginx"], default=None,
+                        help="compare the router's data path with nginx's in front of one "
+                        "websocket backend (bench/nginx.py); --streams, --seconds, --rounds")
+    parser.add_argument("--router-arg", action="append", default=[],
+                        help="extra flag for the router under --baseline (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -246,6 +251,10 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
+    if opts.baseline == "nginx":
+        from asrpool.bench import nginx
+
+        return nginx.main(opts)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # pods share the machine's cores
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
