@@ -151,7 +151,7 @@ class Stack:
         self._run("router", [sys.executable, "-m", "asrpool.cli", "route", "--redis-url",
                              self.redis_url, "--host", "127.0.0.1", "--port",
                              str(self.ports["router"]), "--log-level", "warning",
-                             *self.router_args])
+                             "--workers", "1", *self.router_args])
 
     def _run(self, name: str, argv: list[str]) -> None:
         log = self.workdir / f"{name}.log"

@@ -119,6 +119,7 @@ class Stream(asyncio.Protocol):
         self.rtts, self.sent = rtts, collections.deque[float]()
         self.buf, self.upgraded = bytearray(), False
         self.ready, self.closed = asyncio.Event(), asyncio.Event()
+        self.first = b""  # the first binary message: READY, or the router's Error
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -149,6 +150,7 @@ class Stream(asyncio.Protocol):
         elif opcode == 8:
             self.transport.close()
         elif opcode == 2 and not self.ready.is_set():
+            self.first = payload
             self.ready.set()
         elif opcode == 2 and self.sent:
             self.rtts.append(time.perf_counter() - self.sent.popleft())
@@ -159,13 +161,16 @@ class Stream(asyncio.Protocol):
 
 
 async def one_stream(host: str, port: int, path: str, seconds: float, offset: float,
-                     rtts: list[float]) -> int:
-    """One real-time stream; the number of messages sent (0 if it never got ``Ready``)."""
+                     rtts: list[float], refused: list[bytes]) -> int:
+    """One real-time stream; the number of messages sent (0 if it got no ``Ready``: the
+    first message it got instead goes into ``refused``)."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(offset)
     _, stream = await loop.create_connection(lambda: Stream(path, host, rtts), host, port)
     await asyncio.wait_for(stream.ready.wait(), 30)
-    if stream.closed.is_set():
+    if stream.first != READY:
+        refused.append(stream.first[:200])
+        stream.transport.close()
         return 0
     message = frame(AUDIO, 2, os.urandom(4))
     start, count = loop.time(), int(seconds * protocol.FRAME_RATE)
@@ -186,12 +191,23 @@ async def one_stream(host: str, port: int, path: str, seconds: float, offset: fl
 async def run_streams(host: str, port: int, path: str, count: int, seconds: float,
                       rtts: list[float]) -> dict[str, object]:
     spread = 1.0 / protocol.FRAME_RATE
+    refused: list[bytes] = []
     results = await asyncio.gather(
-        *(one_stream(host, port, path, seconds, spread * i / count, rtts) for i in range(count)),
+        *(one_stream(host, port, path, seconds, spread * i / count, rtts, refused)
+          for i in range(count)),
         return_exceptions=True)
     sent = sum(r for r in results if isinstance(r, int))
+    reasons = collections.Counter(_reason(m) for m in refused)
     return {"streams": count, "messages_sent": sent, "replies": len(rtts),
+            "refused": dict(reasons),
             "failed": [repr(r) for r in results if isinstance(r, BaseException)][:3]}
+
+
+def _reason(message: bytes) -> str:
+    try:
+        return str(msgpack.unpackb(message).get("code") or "no Ready")
+    except (ValueError, AttributeError, msgpack.UnpackException):
+        return "no Ready"
 
 
 async def serve_backend(host: str, port: int) -> None:

@@ -75,6 +75,7 @@ def test_the_router_reads_its_rendered_command_and_environment(
     assert config.policy == values["policy"]
     assert config.default_pool == values["defaultPool"]
     assert config.resume_grace_s == values["resumeGraceSeconds"]
+    assert config.workers == values["workers"]
     assert config.port == container["ports"][0]["containerPort"]
     assert config.router_id == "from-metadata.name"
 

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -90,7 +91,7 @@ async def redis(module_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
 async def start(redis: aioredis.Redis, pool: str, behaviour: Behaviour) -> FakePod:
     pod = FakePod(behaviour)
     port = await pod.start()
-    await support.beat(redis, f"{pool}-pod", pool=pool, port=port, lease_ms=60_000)
+    await support.beat(redis, f"{pool}-pod", total=8, pool=pool, port=port, lease_ms=60_000)
     return pod
 
 
@@ -191,3 +192,32 @@ async def test_the_router_answers_the_pods_pings(
         bytes(pod.received)
     )
     assert frames.Control(frames.PONG, b"ping") in scan.controls
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+async def test_workers_share_the_port_and_end_with_the_parent(
+    module_redis: RedisServer, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    proc = support.RouterProcess(module_redis.url, tmp_path, "--workers", "2")
+    proc.start()
+    try:
+        assert proc.proc is not None
+        workers = _children(proc.proc.pid)
+        assert len(workers) == 2
+        pod = await start(redis, "relay-workers", _echo_words)
+        streams = [await connect(proc, "relay-workers") for _ in range(6)]
+        for ws in streams:
+            await ws.send(AUDIO)
+            assert msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))["type"] == "Word"
+        for ws in streams:
+            await ws.close()
+        await slot_freed(redis, "relay-workers-pod")
+        del pod
+    finally:
+        code = await asyncio.to_thread(proc.terminate)
+    assert code == 0
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()]
