@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
@@ -182,24 +182,25 @@ class Admissions:
         )
 
     async def renew(self, sessions: Iterable[Session]) -> list[bool]:
-        """Extend every lease (and rebuild records that Redis lost) in one round trip.
-        Says, session by session, whether its pod's heartbeat is still there."""
+        """Extend every lease in one round trip (a second one rebuilds the records that
+        Redis lost: only then are their fields sent). Says, session by session, whether
+        its pod's heartbeat is still there."""
+        held = list(sessions)
+        replies = await self._renew_all(held, whole=False)
+        lost = [i for i, reply in enumerate(replies) if reply == 3]
+        if lost:
+            for i, reply in zip(lost, await self._renew_all([held[i] for i in lost], True),
+                                strict=True):
+                replies[i] = reply
+        return [reply != 2 for reply in replies]
+
+    async def _renew_all(self, sessions: list[Session], whole: bool) -> list[Any]:
         c = self.config
         async with self.redis.pipeline(transaction=False) as pipe:
             for s in sessions:
-                await self._renew(
-                    args=[
-                        s.session_id,
-                        s.conn,
-                        c.hold_ms,
-                        s.pod_id,
-                        s.key_id,
-                        *s.fields(),
-                    ],
-                    client=pipe,
-                )
-            replies = await pipe.execute()
-        return [reply != 2 for reply in replies]
+                args = [s.session_id, s.conn, c.hold_ms, s.pod_id, s.key_id]
+                await self._renew(args=[*args, *s.fields()] if whole else args, client=pipe)
+            return list(await pipe.execute())
 
 
 class Sessions:

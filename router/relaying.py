@@ -68,7 +68,8 @@ class Relay:
         self.client_gone = self.loop.create_future()
         self.client_paused = False
         self.ping_interval, self.ping_timeout = ping
-        self.heard_at = self.ping_sent_at = 0.0
+        self.heard = False  # anything from the client since the last ping (a flag: uvloop's
+        # clock has millisecond steps, a loopback pong can come within the same one)
         self.timer: asyncio.TimerHandle | None = None
         self.meters = meters.relayed
         self.counted = [0, 0]  # messages up and down already counted
@@ -108,7 +109,7 @@ class Relay:
         if self.ended.done():
             self._closing_client(data)
             return
-        self.heard_at = self.loop.time()
+        self.heard = True
         scan = self.up.feed(data)
         if scan.forward:
             self.link.write(scan.forward)
@@ -188,7 +189,7 @@ class Relay:
         self.timer = self.loop.call_later(self.ping_interval, self._ping)
 
     def _ping(self) -> None:
-        self.ping_sent_at = self.loop.time()
+        self.heard = False
         ping = frames.frame(frames.PING, os.urandom(4))
         if self.down.at_boundary:
             self.client.write(ping)
@@ -198,7 +199,7 @@ class Relay:
 
     def _check_alive(self) -> None:
         self._count()
-        if self.client_paused or self.heard_at > self.ping_sent_at:
+        if self.client_paused or self.heard:
             self._schedule_ping()
             return
         # As uvicorn's keepalive timeout: close 1011, and the stream ends as lost.

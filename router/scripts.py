@@ -164,6 +164,7 @@ local owner = redis.call('HGET', skey, 'conn')
 if owner and owner ~= conn then return 0 end
 local deadline = now + tonumber(ARGV[3])
 if not owner then  -- Redis lost the record (a restart): write it again
+  if #ARGV == 5 then return 3 end  -- asked without the record: send it whole
   local fields = {}
   for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
   redis.call('HSET', skey, 'conn', conn, unpack(fields))
