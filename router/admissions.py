@@ -92,36 +92,34 @@ class Admissions:
     ) -> Session | Refused:
         """Reserve a slot on a pod of the request's pool, or say why not."""
         c = self.config
-        reply = await self._admit(
-            args=[
-                request.pool,
-                request.token.session_id,
-                request.key_id,
-                request.key_limit,
-                c.policy,
-                c.hold_ms,
-                ",".join(exclude),
-                ticket,
-                max(2000, c.session_lease_ms),
-                c.router_id,
-                request.token.sha256,
-                request.conn,
-                c.pending_ms,
-            ]
+        args = scripts.AdmitArgs(
+            pool=request.pool,
+            sid=request.token.session_id,
+            key_id=request.key_id,
+            key_limit=request.key_limit,
+            policy=c.policy,
+            hold_ms=c.hold_ms,
+            exclude=",".join(exclude),
+            ticket=ticket,
+            ticket_lease_ms=max(2000, c.session_lease_ms),
+            router=c.router_id,
+            token_sha=request.token.sha256,
+            conn=request.conn,
+            pending_ms=c.pending_ms,
         )
-        if reply[0] != "ok":
-            rank = int(reply[1]) if len(reply) > 1 else None
-            return Refused(reply[0], rank)
+        reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
+        if reply.outcome != "ok":
+            return Refused(reply.outcome, reply.rank)
         return Session(
             session_id=request.token.session_id,
             pool=request.pool,
-            pod_id=reply[1],
-            address=reply[2],
+            pod_id=reply.pod_id,
+            address=reply.address,
             key_id=request.key_id,
             token_sha=request.token.sha256,
             conn=request.conn,
             router=c.router_id,
-            started_ms=int(reply[3]),
+            started_ms=reply.now_ms,
         )
 
     async def leave_queue(self, pool: str, ticket: str) -> None:
