@@ -14,8 +14,8 @@ Proxying: for each stream count N, the local platform (Redis, ``--pods`` real
 (80 ms audio messages at 12.5 Hz, a ``Marker`` every second) through the router
 and straight to the pods, in alternating phases. The marker round trip (sent to
 returned) is measured both ways; the router's added latency is the difference of the
-percentiles, and its own per-frame forwarding time comes from its
-``asrpool_router_forward_seconds``. Router CPU is read from /proc over the routed
+percentiles; the messages it relayed come from its
+``asrpool_router_relayed_messages_total``. Router CPU is read from /proc over the routed
 phases. On a machine without the cores for N streams the pods fall behind real time:
 the JSON says so (``pods_kept_up``).
 """
@@ -59,6 +59,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="phases of each kind")
     parser.add_argument("--skip-proxy", action="store_true")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--baseline", choices=["nginx"], default=None,
+                        help="compare the router's data path with nginx's in front of one "
+                        "websocket backend (bench/nginx.py); --streams, --seconds, --rounds")
+    parser.add_argument("--router-arg", action="append", default=[],
+                        help="extra flag for the router under --baseline (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -191,23 +196,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def forward_quantiles(metrics_url: str) -> dict[str, float]:
-    """p50/p99 (upper bucket bounds) of the router's per-frame forwarding time."""
+def relayed_messages(metrics_url: str) -> dict[str, float]:
+    """Messages the router relayed each way (``asrpool_router_relayed_messages_total``)."""
     with urllib.request.urlopen(metrics_url, timeout=5) as response:
         text = response.read().decode()
     out = {}
     for direction in ("up", "down"):
-        buckets = []
-        for line in text.splitlines():
-            prefix = f'asrpool_router_forward_seconds_bucket{{direction="{direction}",le="'
-            if line.startswith(prefix):
-                bound = line[len(prefix):].split('"')[0]
-                buckets.append((math.inf if bound == "+Inf" else float(bound),
-                                float(line.split()[-1])))
-        total = buckets[-1][1] if buckets else 0
-        for q in (0.5, 0.99):
-            bound = next((b for b, c in buckets if total and c >= q * total), math.nan)
-            out[f"{direction}_p{int(q * 100)}_ms_at_most"] = bound * 1e3
+        prefix = f'asrpool_router_relayed_messages_total{{direction="{direction}"}}'
+        out[direction] = next((float(line.split()[-1]) for line in text.splitlines()
+                               if line.startswith(prefix)), 0.0)
     return out
 
 
@@ -234,18 +231,22 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
                     cpu += cpu_seconds(router_pid) - cpu0
                     elapsed += time.monotonic() - t0
                 time.sleep(1.0)  # let the last streams' slots free
-        forward = forward_quantiles(f"http://127.0.0.1:{plat.port}/metrics")
+        relayed = relayed_messages(f"http://127.0.0.1:{plat.port}/metrics")
     rtt = {mode: percentiles(samples) for mode, samples in rtts.items()}
     added = {q: rtt["routed"].get(q, math.nan) - rtt["direct"].get(q, math.nan)
              for q in ("p50_ms", "p99_ms")}
     return {"streams": count, "pods": opts.pods, "slots_per_pod": slots, "runs": runs,
-            "marker_rtt": rtt, "router_added_ms": added, "router_forward": forward,
+            "marker_rtt": rtt, "router_added_ms": added, "router_relayed": relayed,
             "router_cpu_cores": cpu / elapsed if elapsed else math.nan,
             "pods_kept_up": all(r.get("p99_ms", math.inf) < 2000 for r in rtt.values())}
 
 
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
+    if opts.baseline == "nginx":
+        from asrpool.bench import nginx
+
+        return nginx.main(opts)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # pods share the machine's cores
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
@@ -92,36 +92,34 @@ class Admissions:
     ) -> Session | Refused:
         """Reserve a slot on a pod of the request's pool, or say why not."""
         c = self.config
-        reply = await self._admit(
-            args=[
-                request.pool,
-                request.token.session_id,
-                request.key_id,
-                request.key_limit,
-                c.policy,
-                c.hold_ms,
-                ",".join(exclude),
-                ticket,
-                max(2000, c.session_lease_ms),
-                c.router_id,
-                request.token.sha256,
-                request.conn,
-                c.pending_ms,
-            ]
+        args = scripts.AdmitArgs(
+            pool=request.pool,
+            sid=request.token.session_id,
+            key_id=request.key_id,
+            key_limit=request.key_limit,
+            policy=c.policy,
+            hold_ms=c.hold_ms,
+            exclude=",".join(exclude),
+            ticket=ticket,
+            ticket_lease_ms=max(2000, c.session_lease_ms),
+            router=c.router_id,
+            token_sha=request.token.sha256,
+            conn=request.conn,
+            pending_ms=c.pending_ms,
         )
-        if reply[0] != "ok":
-            rank = int(reply[1]) if len(reply) > 1 else None
-            return Refused(reply[0], rank)
+        reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
+        if reply.outcome != "ok":
+            return Refused(reply.outcome, reply.rank)
         return Session(
             session_id=request.token.session_id,
             pool=request.pool,
-            pod_id=reply[1],
-            address=reply[2],
+            pod_id=reply.pod_id,
+            address=reply.address,
             key_id=request.key_id,
             token_sha=request.token.sha256,
             conn=request.conn,
             router=c.router_id,
-            started_ms=int(reply[3]),
+            started_ms=reply.now_ms,
         )
 
     async def leave_queue(self, pool: str, ticket: str) -> None:
@@ -183,24 +181,25 @@ class Admissions:
         )
 
     async def renew(self, sessions: Iterable[Session]) -> list[bool]:
-        """Extend every lease (and rebuild records that Redis lost) in one round trip.
-        Says, session by session, whether its pod's heartbeat is still there."""
+        """Extend every lease in one round trip (a second one rebuilds the records that
+        Redis lost: only then are their fields sent). Says, session by session, whether
+        its pod's heartbeat is still there."""
+        held = list(sessions)
+        replies = await self._renew_all(held, whole=False)
+        lost = [i for i, reply in enumerate(replies) if reply == 3]
+        if lost:
+            for i, reply in zip(lost, await self._renew_all([held[i] for i in lost], True),
+                                strict=True):
+                replies[i] = reply
+        return [reply != 2 for reply in replies]
+
+    async def _renew_all(self, sessions: list[Session], whole: bool) -> list[Any]:
         c = self.config
         async with self.redis.pipeline(transaction=False) as pipe:
             for s in sessions:
-                await self._renew(
-                    args=[
-                        s.session_id,
-                        s.conn,
-                        c.hold_ms,
-                        s.pod_id,
-                        s.key_id,
-                        *s.fields(),
-                    ],
-                    client=pipe,
-                )
-            replies = await pipe.execute()
-        return [reply != 2 for reply in replies]
+                args = [s.session_id, s.conn, c.hold_ms, s.pod_id, s.key_id]
+                await self._renew(args=[*args, *s.fields()] if whole else args, client=pipe)
+            return list(await pipe.execute())
 
 
 class Sessions:

@@ -34,6 +34,10 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
     ("--session-lease-ms", {"type": int, "help": "lease of a session record, renewed every third"}),
     ("--router-id", {"help": "this replica's name in session records"}),
+    (
+        "--workers",
+        {"type": int, "help": "router processes on the port, sharing only Redis (default: CPUs)"},
+    ),
     ("--max-message-bytes", {"type": int, "help": "largest client frame (default 16 MiB)"}),
     ("--max-upload-bytes", {"type": int, "help": "largest POST /api/asr-streaming body"}),
     ("--ping-interval-s", {"type": float, "help": "websocket ping period towards clients"}),

@@ -17,6 +17,8 @@ from asrpool.router import admissions, metrics, settings, views
 
 log = logging.getLogger(__name__)
 
+RENEW_BATCH = 50  # sessions per pipeline
+
 
 async def renew_forever(
     store: admissions.Admissions,
@@ -28,16 +30,18 @@ async def renew_forever(
     while True:
         await asyncio.sleep(period)
         held = sessions.snapshot()
-        if not held:
-            continue
-        try:
-            alive = await store.renew(held)
-        except redis.RedisError as exc:
-            meters.redis_errors.labels("renew").inc()
-            log.warning("cannot renew %d session leases: %s", len(held), exc)
-            continue
-        for session, pod_alive in zip(held, alive, strict=True):
-            note_heartbeat(session, pod_alive, config)
+        # In batches, so that no one pipeline holds the loop (and every relayed
+        # stream) for long; each batch's round trip lets the loop run.
+        for start in range(0, len(held), RENEW_BATCH):
+            batch = held[start : start + RENEW_BATCH]
+            try:
+                alive = await store.renew(batch)
+            except redis.RedisError as exc:
+                meters.redis_errors.labels("renew").inc()
+                log.warning("cannot renew %d session leases: %s", len(held), exc)
+                break
+            for session, pod_alive in zip(batch, alive, strict=True):
+                note_heartbeat(session, pod_alive, config)
 
 
 def note_heartbeat(

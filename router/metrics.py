@@ -32,12 +32,11 @@ class Metrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
         )
-        self.forward_seconds = prometheus_client.Histogram(
-            "asrpool_router_forward_seconds",
-            "Time to hand one frame to the other side",
+        self.relayed = prometheus_client.Counter(
+            "asrpool_router_relayed_messages",
+            "Websocket messages relayed (up: client to pod), counted every ping period",
             ["direction"],
             registry=r,
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1),
         )
         self.redis_errors = prometheus_client.Counter(
             "asrpool_router_redis_errors", "Redis calls that failed", ["op"], registry=r

@@ -8,16 +8,13 @@ into a try on another pod.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 
 import msgpack
-import websockets
-from websockets.asyncio import client as ws_client
 
 from asrpool.common import protocol
-from asrpool.router import settings
+from asrpool.router import links, settings
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +26,7 @@ log = logging.getLogger(__name__)
 class Opened:
     """The pod took the stream; ``first`` is its ``Ready`` frame, to forward as is."""
 
-    link: ws_client.ClientConnection
+    link: links.PodLink
     first: bytes
     pod_session_id: str
     pod_resume_token: str
@@ -67,38 +64,23 @@ def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict
 async def open_stream(
     address: str, config: settings.RouterSettings, pod_resume_token: str = ""
 ) -> Outcome:
-    uri = f"ws://{address}{protocol.STREAMING_PATH}"
     try:
-        link = await ws_client.connect(
-            uri,
-            additional_headers=headers(config, pod_resume_token),
-            open_timeout=config.pod_connect_timeout_s,
-            compression=None,
-            proxy=None,
-            max_size=config.max_message_bytes,
-            # No keepalive pings: a pod that applies backpressure stops reading its
-            # socket, pings go unanswered, and a healthy stream would be cut. A dead
-            # pod closes its sockets or lets its heartbeat lapse (leasing.note_heartbeat).
-            ping_interval=None,
-            close_timeout=2,
+        link, first = await links.dial(
+            address,
+            protocol.STREAMING_PATH,
+            headers(config, pod_resume_token),
+            config.max_message_bytes,
+            config.pod_connect_timeout_s,
         )
-    except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
+    except (OSError, TimeoutError, ValueError, links.HandshakeFailed) as exc:
         log.warning("pod %s unreachable: %s", address, exc)
         return Unreachable(f"{type(exc).__name__}: {exc}")
-    return await _first_frame(link, config.pod_connect_timeout_s)
-
-
-async def _first_frame(link: ws_client.ClientConnection, timeout: float) -> Outcome:
-    try:
-        first = await asyncio.wait_for(link.recv(decode=False), timeout)
-    except (TimeoutError, websockets.ConnectionClosed) as exc:
-        link.transport.abort()
-        return Unreachable(f"no first frame from the pod: {type(exc).__name__}")
-    assert isinstance(first, bytes)  # recv(decode=False) returns bytes
+    # No keepalive pings to pods: a pod that applies backpressure stops reading its
+    # socket, pings go unanswered, and a healthy stream would be cut. A dead pod closes
+    # its sockets or lets its heartbeat lapse (leasing.note_heartbeat).
     kind, code, message = _peek(first)
     if kind == "Ready":
-        response = link.response
-        got = response.headers if response is not None else {}
+        got = link.response.headers if link.response is not None else {}
         return Opened(
             link,
             first,

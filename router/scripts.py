@@ -9,6 +9,8 @@ this ties the router to one Redis (or a primary with replicas), not a Redis Clus
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 _PRELUDE = """
 local P = 'asrpool'
 local t = redis.call('TIME')
@@ -45,10 +47,44 @@ local function load(pod_id)
 end
 """
 
-# ARGV: pool, sid, key_id, key_limit, policy, hold_ms,
-#       exclude (comma separated pod ids), ticket, ticket_lease_ms, router, token_sha, conn,
-#       pending_ms (how long a reservation counts before the pod has accepted it)
-# Returns {'ok', pod_id, address, now_ms} | {'busy', rank} | {'unknown_pool'} | {'key_limit'}
+class AdmitArgs(NamedTuple):
+    """ADMIT's ARGV, in order (the Lua reads ARGV[1..13] by these positions)."""
+
+    pool: str
+    sid: str
+    key_id: str
+    key_limit: int
+    policy: str
+    hold_ms: int
+    exclude: str  # comma separated pod ids
+    ticket: str
+    ticket_lease_ms: int
+    router: str
+    token_sha: str
+    conn: str
+    pending_ms: int  # how long a reservation counts before the pod has accepted it
+
+    def argv(self) -> list[str | int]:
+        return list(self)
+
+
+class AdmitReply(NamedTuple):
+    """ADMIT's reply: {'ok', pod_id, address, now_ms} | {'busy', rank} |
+    {'unknown_pool'} | {'key_limit'}."""
+
+    outcome: str
+    pod_id: str = ""
+    address: str = ""
+    now_ms: int = 0
+    rank: int | None = None
+
+    @classmethod
+    def decode(cls, reply: list[str]) -> AdmitReply:
+        if reply[0] == "ok":
+            return cls("ok", reply[1], reply[2], int(reply[3]))
+        return cls(reply[0], rank=int(reply[1]) if len(reply) > 1 else None)
+
+
 ADMIT = (
     _PRELUDE
     + _LOAD
@@ -112,9 +148,7 @@ if ticket ~= '' then
   redis.call('ZREM', leases, ticket)
 end
 
-local deadline = now + tonumber(ARGV[13])
-count(P .. ':pod:' .. best.id .. ':sessions', deadline, sid)
-if key_id ~= '' then count(key_sessions, deadline, sid) end
+hold(best.id, key_id, now + tonumber(ARGV[13]), sid)
 local skey = P .. ':session:' .. sid
 redis.call('HSET', skey, 'session_id', sid, 'pool', pool, 'pod', best.id,
   'address', best.address, 'key_id', key_id, 'started_ms', now, 'router', ARGV[10],
@@ -125,8 +159,8 @@ return {'ok', best.id, best.address, tostring(now)}
 )
 
 # Leave the wait queue. ARGV: pool, ticket
-LEAVE_QUEUE = """
-local queue = 'asrpool:pool:' .. ARGV[1] .. ':queue'
+LEAVE_QUEUE = _PRELUDE + """
+local queue = P .. ':pool:' .. ARGV[1] .. ':queue'
 redis.call('ZREM', queue, ARGV[2])
 redis.call('ZREM', queue .. ':leases', ARGV[2])
 return 1
@@ -165,6 +199,7 @@ if owner and owner ~= conn then return 0 end
 if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end  -- released: stay so
 local deadline = now + tonumber(ARGV[3])
 if not owner then  -- Redis lost the record (a restart): write it again
+  if #ARGV == 5 then return 3 end  -- asked without the record: send it whole
   local fields = {}
   for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
   redis.call('HSET', skey, 'conn', conn, unpack(fields))
@@ -180,14 +215,14 @@ return 1
 # connection has claimed (a resume through another router) is left alone. A tombstone
 # (``...:ended``) outlives any lease the session had, so a renewal still in flight
 # cannot write the record back (RENEW rebuilds only what a Redis restart lost).
-RELEASE = """
-local skey = 'asrpool:session:' .. ARGV[1]
+RELEASE = _PRELUDE + """
+local skey = P .. ':session:' .. ARGV[1]
 local owner = redis.call('HGET', skey, 'conn')
 if owner and owner ~= ARGV[2] then return 0 end
 redis.call('DEL', skey)
 redis.call('SET', skey .. ':ended', '1', 'PX', tonumber(ARGV[5]))
-redis.call('ZREM', 'asrpool:pod:' .. ARGV[3] .. ':sessions', ARGV[1])
-if ARGV[4] ~= '' then redis.call('ZREM', 'asrpool:apikey:' .. ARGV[4] .. ':sessions', ARGV[1]) end
+redis.call('ZREM', P .. ':pod:' .. ARGV[3] .. ':sessions', ARGV[1])
+if ARGV[4] ~= '' then redis.call('ZREM', P .. ':apikey:' .. ARGV[4] .. ':sessions', ARGV[1]) end
 return 1
 """
 

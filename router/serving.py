@@ -1,26 +1,47 @@
-"""Running the router app under uvicorn."""
+"""Running the router app under uvicorn, in one process or in ``workers`` processes.
+
+Workers share nothing but Redis: each is a whole router (its own Redis client, lease
+renewal, metrics) with its own listening socket on the same port (``SO_REUSEPORT``:
+the kernel spreads new connections over them). The parent only supervises: it
+forwards SIGTERM and SIGINT (each worker then drains as a single router does),
+restarts a worker that dies, and its workers die with it (``PR_SET_PDEATHSIG``), so a
+killed router is a killed router whatever its worker count.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
+import signal
+import socket
+import time
 
 import uvicorn
 
 from asrpool.common import auth, framing
 from asrpool.router import app, settings, wiring
 
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+# A worker that exits sooner than this after its start failed to start: stop, not retry.
+STARTUP_S = 5.0
+
 
 def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
-    # The sans-I/O websockets protocol pauses reading until the app has taken each
-    # message and awaits the socket's drain on sends: backpressure in both directions.
-    # Frames over max_message_bytes are refused from their header, before they are
-    # buffered, with Error{code:"too_large"} and a 1009 close (framing.WebSocketProtocol).
+    # Until a stream is admitted the sans-I/O websockets protocol applies moshi-server's
+    # frame limit and liveness (framing.WebSocketProtocol); then the raw connection is
+    # handed over to the relay (router/relaying.py). No permessage-deflate on either leg,
+    # so frames pass through unchanged. uvloop runs the relay's protocols.
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
     uv_config = uvicorn.Config(
         app.create_app(config, wiring.build(config)),
         host=config.host,
         port=config.port,
+        loop="uvloop",
         ws=framing.WebSocketProtocol,
         ws_max_size=config.max_message_bytes,
         ws_per_message_deflate=False,
@@ -31,6 +52,7 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
         lifespan="on",
         log_level=config.log_level,
         timeout_graceful_shutdown=5,
+        backlog=4096,
     )
     auth.redact_server_logs()  # after the Config: it configures uvicorn's loggers
     return uv_config
@@ -40,6 +62,87 @@ def serve(config: settings.RouterSettings) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if config.workers == 1:
+        return _run(config, None)
+    if config.api_keys_file is not None:
+        auth.load_keys(config.api_keys_file)  # a bad file fails here, before any fork
+    shared = _bind(config, reuse_port=False) if config.port == 0 else None
+    return Supervisor(config, shared).run()
+
+
+def _run(config: settings.RouterSettings, sock: socket.socket | None) -> int:
     server = uvicorn.Server(uvicorn_config(config))
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     return 0 if server.started else 1
+
+
+def _bind(config: settings.RouterSettings, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((config.host, config.port))
+    sock.set_inheritable(True)
+    return sock
+
+
+class Supervisor:
+    """The parent of ``config.workers`` router processes."""
+
+    def __init__(self, config: settings.RouterSettings, shared: socket.socket | None) -> None:
+        self.config, self.shared = config, shared
+        self.children: dict[int, tuple[int, float]] = {}  # pid: (worker index, started)
+        self.stopping = False
+
+    def run(self) -> int:
+        for index in range(self.config.workers):
+            self._fork(index)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        worst = 0
+        while self.children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            index, started = self.children.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            worst = max(worst, abs(code))
+            if self.stopping:
+                continue
+            if time.monotonic() - started < STARTUP_S:
+                log.error("router worker %d exited at start (%d): stopping", index, code)
+                self._stop(signal.SIGTERM, None)
+                continue
+            log.warning("router worker %d exited (%d): restarting it", index, code)
+            self._fork(index)
+        return 1 if worst and not self.stopping else 0
+
+    def _fork(self, index: int) -> None:
+        worker = self.config.model_copy(
+            update={"workers": 1, "router_id": f"{self.config.router_id}-w{index}"}
+        )
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                _die_with_parent()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                sock = self.shared or _bind(worker, reuse_port=True)
+                code = _run(worker, sock)
+            finally:
+                os._exit(code)
+        self.children[pid] = (index, time.monotonic())
+
+    def _stop(self, signum: int, _: object) -> None:
+        self.stopping = True
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -17,6 +17,10 @@ def _router_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class RouterSettings(pydantic_settings.BaseSettings):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
@@ -29,6 +33,9 @@ class RouterSettings(pydantic_settings.BaseSettings):
     pod_token: str | None = None
     default_pool: str = registry.DEFAULT_POOL
     router_id: str = pydantic.Field(default_factory=_router_id)
+    # Router processes on one port (SO_REUSEPORT), sharing nothing but Redis; each
+    # worker's router id is router_id-wN.
+    workers: int = pydantic.Field(default_factory=_cpus, ge=1, le=256)
 
     # Leases: a router renews its sessions every session_lease_ms/3. A session counts
     # on its pod until session_lease_ms + resume_grace_s after its last renewal: a

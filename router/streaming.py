@@ -3,12 +3,14 @@
 Order: authenticate (a bad key is HTTP 401 before the upgrade, as Kyutai's server
 does); place the stream (or resume it) on a pod that answered ``Ready``; accept,
 handing the session id, resume token and the pod's resume offset in the 101's
-headers; forward the ``Ready``; proxy; end both sides as the way it ended requires.
+headers; relay bytes (the pod's ``Ready`` first); end both sides as the way it ended
+requires.
 Refusals are an upgrade, an ``Error`` and a close, as the pod's own busy answer is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -20,8 +22,18 @@ import redis
 from starlette import requests, responses
 from starlette import websockets as starlette_ws
 
-from asrpool.common import auth, protocol
-from asrpool.router import admissions, placing, pods, proxying, refusals, tokens, wiring
+from asrpool.common import auth, framing, protocol
+from asrpool.router import (
+    admissions,
+    frames,
+    placing,
+    pods,
+    proxying,
+    refusals,
+    relaying,
+    tokens,
+    wiring,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,39 +149,34 @@ async def run(
     opened: pods.Opened,
     deps: wiring.Deps,
 ) -> None:
-    """Upgrade with the session's headers, forward the pod's Ready, proxy, settle."""
+    """Upgrade with the session's headers, relay (the pod's Ready first), settle."""
     try:
         await ws.accept(headers=_extension_headers(token, opened))
     except starlette_ws.WebSocketDisconnect:
-        await finish(ws, session, opened, proxying.ClientLeft(protocol.CloseCode.NORMAL), deps)
+        await opened.link.close()  # a clean end: the pod frees the slot
+        await _settle(session, False, deps)
         return
+    # Taken right after the accept: uvicorn wrote the 101 without yielding to the loop.
+    relay = relaying.Relay(
+        ws.scope["extensions"][framing.HANDOVER]["protocol"],
+        opened.link,
+        deps.config.max_message_bytes,
+        deps.meters,
+        (deps.config.ping_interval_s, deps.config.ping_timeout_s),
+    )
     deps.sessions.add(session)
     deps.meters.sessions_open.inc()
     try:
-        end = await _proxy(ws, session, opened, deps)
+        end = await relay.run(opened.first, session.pod_gone)
     finally:
         deps.sessions.discard(session)
         deps.meters.sessions_open.dec()
-    await finish(ws, session, opened, end, deps)
-
-
-async def _proxy(
-    ws: starlette_ws.WebSocket,
-    session: admissions.Session,
-    opened: pods.Opened,
-    deps: wiring.Deps,
-) -> proxying.End:
-    try:
-        await ws.send_bytes(opened.first)
-    except starlette_ws.WebSocketDisconnect as exc:
-        return proxying.ClientLeft(exc.code)
-    return await proxying.proxy(
-        ws, opened.link, deps.config.max_message_bytes, deps.meters, session.pod_gone
-    )
+    await finish(ws, relay, session, opened, end, deps)
 
 
 async def finish(
     ws: starlette_ws.WebSocket,
+    relay: relaying.Relay,
     session: admissions.Session,
     opened: pods.Opened,
     end: proxying.End,
@@ -179,15 +186,19 @@ async def finish(
     log.info("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
     detach = proxying.detaches(end, protocol.resumable(ws.headers))
     abort = detach or isinstance(end, proxying.PodLost)
-    if isinstance(end, proxying.ClientLeft) and end.code == protocol.CloseCode.TOO_LARGE:
-        deps.meters.rejections.labels("too_large").inc()  # framing.WebSocketProtocol told it
     if abort:
         # A lost client that may resume: drop the link without a close frame, so that
         # the pod keeps the slot. A lost pod: nothing to wait for.
-        opened.link.transport.abort()
-    await _tell_client(ws, end, deps)
+        opened.link.abort()
+    _tell_client(relay, end, deps)
     if not abort:
         await opened.link.close()  # a clean end: the pod frees the slot
+    await _settle(session, detach, deps)
+    with contextlib.suppress(TimeoutError):  # the client's answer to our close
+        await asyncio.wait_for(asyncio.shield(relay.client_gone), relaying.CLIENT_CLOSE_TIMEOUT_S)
+
+
+async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) -> None:
     try:
         await (deps.admissions.detach(session) if detach else deps.admissions.release(session))
     except redis.RedisError as exc:
@@ -195,16 +206,24 @@ async def finish(
         log.warning("session %s not settled in Redis (its lease will): %s", session.session_id, exc)
 
 
-async def _tell_client(ws: starlette_ws.WebSocket, end: proxying.End, deps: wiring.Deps) -> None:
+def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) -> None:
     if isinstance(end, proxying.TooLarge):
-        await refuse(ws, refusals.too_large(end.size, deps.config.max_message_bytes), deps)
+        _refuse_relayed(relay, refusals.too_large(end.size, deps.config.max_message_bytes), deps)
     elif isinstance(end, proxying.PodLost):
-        await refuse(ws, refusals.pod_lost(), deps)
-    elif isinstance(end, proxying.PodClosed) and _open(ws):
+        _refuse_relayed(relay, refusals.pod_lost(), deps)
+    elif isinstance(end, proxying.PodClosed):
         unsendable = (protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST, protocol.CloseCode.TLS)
         code = protocol.CloseCode.NORMAL if end.code in unsendable else end.code
-        with contextlib.suppress(starlette_ws.WebSocketDisconnect):
-            await ws.close(code, end.reason)
+        relay.close_client(code, end.reason)
+
+
+def _refuse_relayed(relay: relaying.Relay, refusal: refusals.Refusal, deps: wiring.Deps) -> None:
+    """The ``Error`` and the close, where the flow to the client has room for them."""
+    deps.meters.rejections.labels(refusal.code).inc()
+    if relay.tell_client(frames.frame(frames.BINARY, refusal.frame())):
+        relay.close_client(refusal.close_code)
+    else:
+        relay.abort_client()  # in the middle of a pod's frame: nothing more can be said
 
 
 def describe(end: proxying.End) -> str:

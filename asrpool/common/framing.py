@@ -16,22 +16,54 @@ subclass that changes two policies to moshi-server's:
   all along. Here a late pong drops the client only if nothing at all arrived since
   the ping was sent, and never while the application is not reading (backpressure:
   the client's bytes, pongs included, wait in the socket because of us).
+
+Hand-over: the router relays bytes once a stream is admitted. The protocol puts
+itself into the scope (``scope["extensions"][HANDOVER]["protocol"]``); after the
+app's ``websocket.accept`` the app calls :meth:`WebSocketProtocol.hand_over` and owns
+the raw transport from then on (uvicorn's parser and pings stop; a server shutdown
+calls the given callback instead of closing the connection itself).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets import websockets_sansio_impl
 from websockets import exceptions, frames
+from websockets.http11 import Request
 
 from asrpool.common import protocol
+
+HANDOVER = "asrpool.handover"
 
 
 class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with moshi-server's policies."""
 
     heard_at = 0.0  # loop time of the last bytes received from the client
+    on_shutdown: Callable[[], None] | None = None  # set once the transport is handed over
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        if self.response.status_code == 101:
+            self.scope["extensions"][HANDOVER] = {"protocol": self}
+
+    def hand_over(self, on_shutdown: Callable[[], None]) -> asyncio.Transport:
+        """The raw connection, right after the accept (nothing read since: the 101 was
+        written synchronously and the client waits for it before it sends)."""
+        if not self.queue.empty() or self.read_paused:
+            raise RuntimeError("frames arrived before the hand-over")
+        self.stop_keepalive()
+        self.on_shutdown = on_shutdown
+        return self.transport
+
+    def shutdown(self) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+            return
+        super().shutdown()
 
     def data_received(self, data: bytes) -> None:
         self.heard_at = self.loop.time()

@@ -53,6 +53,7 @@ class CloseCode(enum.IntEnum):
 
     NORMAL = 1000
     GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002  # a frame a server must refuse
     NO_STATUS = 1005  # never sent: a close frame without a code, as received
     LOST = 1006  # never sent: no close frame at all
     POLICY = 1008  # bad input, bad resume token

@@ -50,7 +50,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "router": {
             "replicas": 3, "policy": "spread", "queueTimeoutSeconds": 2.5,
             "defaultPool": "stt-en", "resumeGraceSeconds": 60, "sessionLeaseMs": 6000,
-            "logLevel": "warning", "preStopSleepSeconds": 10,
+            "logLevel": "warning", "preStopSleepSeconds": 10, "workers": 2,
             "terminationGracePeriodSeconds": 20, "gpuHourPrice": 2.5, "gpusPerPod": 2,
             "autoscaling": {"enabled": False},
             "podDisruptionBudget": {"enabled": False},

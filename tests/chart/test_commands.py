@@ -77,6 +77,7 @@ def test_the_router_reads_its_rendered_command_and_environment(
     assert config.resume_grace_s == values["resumeGraceSeconds"]
     assert config.gpu_hour_price == values.get("gpuHourPrice")  # null drops the key
     assert config.gpus_per_pod == values["gpusPerPod"]
+    assert config.workers == values["workers"]
     assert config.port == container["ports"][0]["containerPort"]
     assert config.router_id == "from-metadata.name"
 

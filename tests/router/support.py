@@ -138,6 +138,9 @@ class RouterProcess(Process):
             str(self.port),
             "--log-level",
             "warning",
+            # One process unless a test asks for more: /metrics and logs are then the
+            # whole router's.
+            *(() if "--workers" in extra else ("--workers", "1")),
             *extra,
         ]
         super().__init__(args, workdir / f"router-{self.port}.log")

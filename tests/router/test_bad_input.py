@@ -193,7 +193,7 @@ async def test_pools_view_and_metrics(router: support.RouterProcess, redis: aior
         "asrpool_router_sessions_open",
         "asrpool_router_rejections_total",
         "asrpool_router_admission_seconds",
-        "asrpool_router_forward_seconds",
+        "asrpool_router_relayed_messages_total",
     ):
         assert name.encode() in body
     assert support.http_get(router.url + "/readyz")[0] == 200

@@ -1,0 +1,280 @@
+"""The router against nginx in front of the same websocket backend, in one run.
+
+    asrpool bench router --baseline nginx --streams 100,500 --seconds 20
+
+One backend (``bench.wsload``: ``Ready``, then a 40-byte answer to each 9.6 KB
+message), three ways to reach it: directly, through nginx (one worker, the usual
+websocket ``proxy_pass``) and through the router (admitted in a fresh Redis where the
+backend is a pod's heartbeat). For each stream count the three phases alternate; each
+stream sends a message every 80 ms and times each reply. Written: the added p50/p99
+latency of each proxy over direct, each proxy's CPU (its processes in /proc) per
+client message relayed (with its reply), and the router-to-nginx ratios, to
+``bench/results/router-vs-nginx.json`` (and a PNG when matplotlib is importable).
+nginx is installed with apt-get when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from asrpool.bench import router as router_bench
+from asrpool.bench import wsload
+from asrpool.common import processes, protocol, registry
+
+NGINX_CONF = """worker_processes 1;
+worker_rlimit_nofile 16384;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi; uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://127.0.0.1:{backend};
+      proxy_http_version 1.1;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection "upgrade";
+      proxy_buffering off;
+      proxy_read_timeout 3600s;
+      proxy_send_timeout 3600s;
+    }}
+  }}
+}}
+"""
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def nginx_binary() -> str:
+    """nginx's path, installing ``nginx-light`` with apt-get when it is missing."""
+    found = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx")
+    if found:
+        return found
+    try:
+        subprocess.run(["apt-get", "install", "-y", "-q", "nginx-light"], check=True,
+                       capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BenchError(f"nginx is missing and apt-get install nginx-light failed: {exc}") from exc
+    found = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(found):
+        raise BenchError("nginx is missing and apt-get installed no nginx binary")
+    return found
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and every live descendant."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    family, total = {pid}, 0.0
+    for child, parent in sorted(parents.items()):
+        if parent in family:
+            family.add(child)
+    for member in family:
+        with contextlib.suppress(OSError):  # it exited meanwhile
+            total += router_bench.cpu_seconds(member)
+    return total
+
+
+def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_port(port: int, child: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    import socket
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise BenchError(f"{what} exited: {log.read_text(errors='replace')[-2000:]}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise BenchError(f"{what} did not listen on {port} within 30 s")
+
+
+class Stack:
+    """Redis, the backend, nginx and the router, started once for the whole run."""
+
+    def __init__(self, workdir: Path, router_args: list[str]) -> None:
+        self.workdir, self.router_args = workdir, router_args
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.ports = {name: processes.free_port() for name in ("backend", "nginx", "router")}
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
+        nginx = nginx_binary()
+        redis_proc, self.redis_url = router_bench.start_redis(self.workdir)
+        self.children.append(redis_proc)
+        self._run("backend", [sys.executable, "-m", "asrpool.bench.wsload", "backend",
+                              "--port", str(self.ports["backend"])])
+        asyncio.run(self._heartbeat())
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=self.workdir, port=self.ports["nginx"],
+                                          backend=self.ports["backend"]))
+        self._run("nginx", [nginx, "-p", str(self.workdir), "-c", str(conf)])
+        self._run("router", [sys.executable, "-m", "asrpool.cli", "route", "--redis-url",
+                             self.redis_url, "--host", "127.0.0.1", "--port",
+                             str(self.ports["router"]), "--log-level", "warning",
+                             "--workers", "1", *self.router_args])
+
+    def _run(self, name: str, argv: list[str]) -> None:
+        log = self.workdir / f"{name}.log"
+        child = spawn(argv, log)
+        self.children.append(child)
+        setattr(self, f"{name}_pid", child.pid)
+        wait_port(self.ports[name], child, name, log)
+
+    async def _heartbeat(self) -> None:
+        client = aioredis.Redis.from_url(self.redis_url)
+        beat = registry.PodHeartbeat("backend", registry.DEFAULT_POOL,
+                                     f"127.0.0.1:{self.ports['backend']}", 5000, 5000, False,
+                                     "bench")
+        await registry.write_heartbeat(client, beat, lease_ms=3_600_000)
+        await client.aclose()
+
+    def __exit__(self, *_: object) -> None:
+        for child in reversed(self.children):
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+
+
+def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]:
+    import uvloop
+
+    pid = getattr(stack, f"{mode}_pid", None) if mode != "direct" else None
+    rtts: list[float] = []
+    cpu0, t0 = (tree_cpu(pid) if pid else 0.0), time.monotonic()
+    run = uvloop.run(wsload.run_streams("127.0.0.1", stack.ports[
+        "backend" if mode == "direct" else mode], protocol.STREAMING_PATH, count, seconds, rtts))
+    cpu = (tree_cpu(pid) - cpu0) if pid else math.nan
+    elapsed = time.monotonic() - t0
+    messages = int(run["messages_sent"])
+    time.sleep(1.0)  # sessions settle
+    return {**run, "rtt": router_bench.percentiles(rtts), "cpu_s": cpu,
+            "cpu_cores": cpu / elapsed,
+            "cpu_per_message_ms": cpu / messages * 1e3 if messages else math.nan}
+
+
+def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, Any]:
+    phases: dict[str, list[dict[str, Any]]] = {"direct": [], "nginx": [], "router": []}
+    orders = (("direct", "nginx", "router"), ("router", "nginx", "direct"))
+    for r in range(rounds):
+        for mode in orders[r % 2]:
+            phases[mode].append(phase(stack, mode, count, seconds))
+            print(f"{count} streams, {mode}: {json.dumps(phases[mode][-1]['rtt'])}, "
+                  f"cpu/msg {phases[mode][-1]['cpu_per_message_ms']:.4f} ms", flush=True)
+
+    def mean(mode: str, field: str) -> float:
+        values = [p["rtt"].get(field, math.nan) if field in ("p50_ms", "p99_ms") else p[field]
+                  for p in phases[mode]]
+        return sum(values) / len(values)
+
+    out: dict[str, Any] = {"streams": count, "seconds": seconds, "phases": phases}
+    for proxy in ("nginx", "router"):
+        out[proxy] = {
+            "added_p50_ms": mean(proxy, "p50_ms") - mean("direct", "p50_ms"),
+            "added_p99_ms": mean(proxy, "p99_ms") - mean("direct", "p99_ms"),
+            "cpu_per_message_ms": mean(proxy, "cpu_per_message_ms"),
+            "cpu_cores": mean(proxy, "cpu_cores"),
+        }
+    out["router_over_nginx"] = {
+        field: _ratio(out["router"][field], out["nginx"][field])
+        for field in ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms")
+    }
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        return
+    rows = result["runs"]
+    fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.5))
+    for ax, field in zip(axes, ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms"), strict=True):
+        for offset, proxy in ((-0.2, "nginx"), (0.2, "router")):
+            ax.bar([i + offset for i in range(len(rows))], [r[proxy][field] for r in rows],
+                   0.4, label=proxy)
+        ax.set_xticks(range(len(rows)), [f"{r['streams']} streams" for r in rows])
+        ax.set_title(field)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main(opts: argparse.Namespace) -> int:
+    counts = [int(c) for c in opts.streams.split(",")]
+    path = Path(opts.out) / "router-vs-nginx.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "command": "asrpool bench router --baseline nginx " + " ".join(sys.argv[3:]),
+        "cpu_per_message": "proxy CPU seconds over a phase / client messages sent "
+        "(each with its reply)",
+        "runs": [],
+    }
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            stack = Stack(Path(workdir), opts.router_arg)
+            with stack:
+                for count in counts:
+                    result["runs"].append(compare(stack, count, opts.seconds, opts.rounds))
+                    path.write_text(json.dumps(result, indent=2))
+    except BenchError as exc:
+        print(f"asrpool bench router: {exc}", file=sys.stderr)
+        return 1
+    summary = [{"streams": r["streams"], "nginx": r["nginx"], "router": r["router"],
+                "router_over_nginx": r["router_over_nginx"]} for r in result["runs"]]
+    print(json.dumps(summary, indent=2))
+    plot(result, path.with_suffix(".png"))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,182 @@
+"""A light websocket frame-header scanner for the router's byte relay (RFC 6455 section 5.2).
+
+The relay passes bytes through unchanged; a :class:`Scanner` per direction reads
+only frame headers, so that the router still knows where frames begin and end. It
+returns the bytes to pass on, with the control frames the router answers itself cut
+out; holds back a header split over two reads until it is whole; counts data
+messages; and on the client's direction enforces the message-size limit from each
+header (before the payload arrives) and the framing rules a server must check
+(masking, no RSV bits since no extension is negotiated, known opcodes, whole small
+control frames, continuations only inside a fragmented message).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+
+CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+_OPCODES = frozenset({CONT, TEXT, BINARY, CLOSE, PING, PONG})
+
+
+class Fault(enum.Enum):
+    NONE = "none"
+    TOO_LARGE = "too_large"  # a message over the limit (its size in Scan.size)
+    PROTOCOL = "protocol"  # a frame a server must refuse (close 1002)
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    opcode: int
+    payload: bytes  # unmasked
+
+
+@dataclasses.dataclass
+class Scan:
+    """What one read held: bytes to pass on, control frames cut out, a fault."""
+
+    forward: bytes
+    controls: list[Control]
+    fault: Fault = Fault.NONE
+    size: int = 0
+
+
+def frame(opcode: int, payload: bytes = b"", mask: bytes | None = None) -> bytes:
+    """One final frame; masked with the 4-byte ``mask`` when given (a client's frame)."""
+    size, bit = len(payload), 0x80 if mask is not None else 0
+    if size < 126:
+        head = struct.pack("!BB", 0x80 | opcode, bit | size)
+    elif size < 1 << 16:
+        head = struct.pack("!BBH", 0x80 | opcode, bit | 126, size)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, bit | 127, size)
+    if mask is None:
+        return head + payload
+    return head + mask + unmask(payload, mask)
+
+
+def close_frame(code: int, reason: str = "", mask: bytes | None = None) -> bytes:
+    payload = struct.pack("!H", code) + reason.encode()[:123]
+    return frame(CLOSE, payload, mask)
+
+
+def close_code(payload: bytes) -> tuple[int, str]:
+    """(code, reason) of a close frame's payload; 1005 when it names none."""
+    if len(payload) < 2:
+        return 1005, ""
+    return struct.unpack_from("!H", payload)[0], payload[2:].decode(errors="replace")
+
+
+def unmask(payload: bytes, mask: bytes) -> bytes:
+    """XOR with the repeating 4-byte mask (its own inverse); for small control frames."""
+    if not payload:
+        return payload
+    key = int.from_bytes((mask * (len(payload) // 4 + 1))[: len(payload)], "big")
+    return (int.from_bytes(payload, "big") ^ key).to_bytes(len(payload), "big")
+
+
+def _header(data: bytes, pos: int) -> tuple[int, int, int, int, bytes | None] | None:
+    """(first byte, opcode, header length, payload length, mask) at ``pos``, or None
+    when the header is not whole yet."""
+    end = len(data)
+    if end - pos < 2:
+        return None
+    first, second = data[pos], data[pos + 1]
+    size, head = second & 0x7F, 2
+    if size == 126:
+        if end - pos < 4:
+            return None
+        size, head = struct.unpack_from("!H", data, pos + 2)[0], 4
+    elif size == 127:
+        if end - pos < 10:
+            return None
+        size, head = struct.unpack_from("!Q", data, pos + 2)[0], 10
+    mask = None
+    if second & 0x80:
+        if end - pos < head + 4:
+            return None
+        mask = data[pos + head : pos + head + 4]
+        head += 4
+    return first, first & 0x0F, head, size, mask
+
+
+class Scanner:
+    """One direction's frame boundaries. ``from_client`` checks what a server must
+    check and the size limit; ``cut`` names the control opcodes taken out of the flow."""
+
+    def __init__(self, from_client: bool, max_bytes: int, cut: frozenset[int]) -> None:
+        self.from_client, self.max_bytes, self.cut = from_client, max_bytes, cut
+        self.skip = 0  # payload bytes of the current frame still to pass
+        self.held = b""  # the start of a header (or a cut control frame) not whole yet
+        self.message = 0  # bytes so far of a fragmented data message
+        self.fragmented = False
+        self.messages = 0  # whole data messages passed
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the bytes passed so far end on a frame boundary (so the router may
+        put a frame of its own into the flow)."""
+        return self.skip == 0
+
+    def feed(self, data: bytes) -> Scan:
+        if self.held:
+            data, self.held = self.held + data, b""
+        end, pos = len(data), 0
+        if self.skip >= end:  # the common read: the middle of a big payload
+            self.skip -= end
+            return Scan(data, [])
+        pieces: list[bytes] = []
+        controls: list[Control] = []
+        start = 0  # of the bytes not yet put into pieces
+        while True:
+            pos += self.skip
+            self.skip = 0
+            if pos >= end:
+                self.skip = pos - end
+                break
+            got = _header(data, pos)
+            if got is None:
+                self.held = data[pos:]
+                break
+            first, opcode, head, size, mask = got
+            fault = self._check(first, opcode, size, mask)
+            if fault is not Fault.NONE:
+                pieces.append(data[start:pos])
+                return Scan(b"".join(pieces), controls, fault, self.message + size)
+            if opcode >= CLOSE:
+                if end - pos < head + size:
+                    self.held = data[pos:]
+                    break
+                if opcode in self.cut:
+                    body = data[pos + head : pos + head + size]
+                    controls.append(Control(opcode, unmask(body, mask) if mask else body))
+                    pieces.append(data[start:pos])
+                    start = pos + head + size
+                pos += head + size
+                continue
+            self._count(first, size)
+            pos += head
+            self.skip = size
+        pieces.append(data[start : end - len(self.held)])
+        return Scan(pieces[0] if len(pieces) == 1 else b"".join(pieces), controls)
+
+    def _count(self, first: int, size: int) -> None:
+        fin = bool(first & 0x80)
+        self.fragmented = not fin
+        self.message = 0 if fin else self.message + size
+        self.messages += fin
+
+    def _check(self, first: int, opcode: int, size: int, mask: bytes | None) -> Fault:
+        if not self.from_client:
+            return Fault.NONE
+        fin = first & 0x80
+        if first & 0x70 or opcode not in _OPCODES or mask is None:
+            return Fault.PROTOCOL
+        if opcode >= CLOSE:
+            return Fault.PROTOCOL if not fin or size > 125 else Fault.NONE
+        if (opcode == CONT) != self.fragmented:
+            return Fault.PROTOCOL
+        if self.message + size > self.max_bytes:
+            return Fault.TOO_LARGE
+        return Fault.NONE

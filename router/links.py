@@ -1,0 +1,176 @@
+"""The router's TCP connection to a pod: a websocket handshake, then raw bytes.
+
+:func:`dial` connects, sends the upgrade request (websockets' sans-I/O client builds
+it and checks the 101: no extension is offered, so frames pass through unchanged),
+and reads the pod's first frame. From then on the :class:`PodLink` is a plain asyncio
+protocol: whatever the pod sends goes to its ``sink`` (the relay) as bytes, with any
+bytes that came in behind the first frame handed over first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from typing import cast
+
+from websockets import client as ws_client
+from websockets import uri as ws_uri
+from websockets.http11 import Response
+
+from asrpool.router import frames
+
+CLOSE_TIMEOUT_S = 2.0  # for the pod's answer to a clean close, as the websockets client
+
+
+class HandshakeFailed(Exception):
+    pass
+
+
+class PodLink(asyncio.Protocol):
+    """One pod connection. Before :meth:`attach`, reading stops after the first frame."""
+
+    def __init__(self, uri: str, headers: dict[str, str], max_bytes: int) -> None:
+        self.handshake = ws_client.ClientProtocol(ws_uri.parse_uri(uri), max_size=max_bytes)
+        self.request = self.handshake.connect()
+        self.request.headers.update(headers)
+        self.response: Response | None = None
+        self.first: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.lost = asyncio.get_running_loop().create_future()  # set with the exception
+        self.buffer = b""
+        self.sink: Callable[[bytes], None] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.on_lost: Callable[[], None] | None = None
+        self.on_pause: Callable[[bool], None] | None = None
+        # Whether a frame of the router's own may go to the pod now (the relay's
+        # client-to-pod flow is at a frame boundary); always before the relay.
+        self.at_boundary: Callable[[], bool] = lambda: True
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.handshake.send_request(self.request)
+        self.transport.write(b"".join(self.handshake.data_to_send()))
+
+    def data_received(self, data: bytes) -> None:
+        if self.sink is not None:
+            self.sink(data)
+            return
+        self.buffer += data
+        if self.response is None:
+            self._read_response()
+        if self.response is not None and not self.first.done():
+            self._read_first_frame()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.first.done():
+            self.first.set_exception(HandshakeFailed(f"connection lost: {exc}"))
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def pause_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(False)
+
+    # handshake
+
+    def _read_response(self) -> None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > 65536:
+                self._fail("response headers too long")
+            return
+        head, self.buffer = self.buffer[: end + 4], self.buffer[end + 4 :]
+        self.handshake.receive_data(head)
+        events = self.handshake.events_received()
+        if self.handshake.handshake_exc is not None or not events:
+            self._fail(f"handshake refused: {self.handshake.handshake_exc}")
+            return
+        self.response = cast(Response, events[0])
+
+    def _read_first_frame(self) -> None:
+        got = frames._header(self.buffer, 0)
+        if got is None or len(self.buffer) < got[2] + got[3]:
+            return
+        _, opcode, head, size, _ = got
+        if opcode != frames.BINARY:
+            self._fail(f"first frame has opcode {opcode}")
+            return
+        payload, self.buffer = self.buffer[head : head + size], self.buffer[head + size :]
+        assert self.transport is not None
+        self.transport.pause_reading()  # until the relay takes over
+        self.first.set_result(payload)
+
+    def _fail(self, reason: str) -> None:
+        if not self.first.done():
+            self.first.set_exception(HandshakeFailed(reason))
+        self.abort()
+
+    # after the first frame
+
+    def attach(self, sink: Callable[[bytes], None]) -> None:
+        """Send everything the pod sends from now on (and what came early) to ``sink``."""
+        self.sink = sink
+        early, self.buffer = self.buffer, b""
+        if early:
+            sink(early)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def abort(self) -> None:
+        """Drop the connection without a close frame (the pod reads it as lost)."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def close(self, code: int = 1000) -> None:
+        """A clean close (the pod frees the slot), waiting a bound for the pod's answer.
+        Without a frame boundary to put the close frame at, the link is dropped."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self.at_boundary():
+            self.abort()
+            return
+        self.sink = _discard
+        self.transport.write(frames.close_frame(code, mask=os.urandom(4)))
+        with contextlib.suppress(Exception):
+            self.transport.resume_reading()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            self.abort()
+
+
+def _discard(_: bytes) -> None:
+    pass
+
+
+async def dial(
+    address: str, path: str, headers: dict[str, str], max_bytes: int, timeout: float
+) -> tuple[PodLink, bytes]:
+    """Connect, upgrade, read the first frame; raises OSError, TimeoutError or
+    :class:`HandshakeFailed`."""
+    loop = asyncio.get_running_loop()
+    host, _, port = address.rpartition(":")
+    uri = f"ws://{address}{path}"
+    async with asyncio.timeout(timeout):
+        _, link = await loop.create_connection(
+            lambda: PodLink(uri, headers, max_bytes), host.strip("[]"), int(port)
+        )
+        try:
+            first = await link.first
+        except BaseException:
+            link.abort()
+            raise
+    return link, first

@@ -1,0 +1,242 @@
+"""Relaying an admitted stream's bytes between its client and its pod, as nginx does.
+
+Both handshakes are done (the client's by uvicorn, handed over; the pod's by
+:mod:`asrpool.router.links`), neither negotiated an extension, so a client's masked
+frames are valid frames for the pod and the pod's frames valid for the client: each
+read from one socket is written to the other as is. A :class:`frames.Scanner` per
+direction follows the frame headers, so that the router still
+
+- refuses a client message over ``max_bytes`` from its header, and a frame a server
+  must refuse (close 1002), before any of it reaches the pod;
+- sees each side's close frame (the stream's end, settled by the caller) and answers
+  the pod's pings itself, never the client (hop-by-hop liveness, as before);
+- pings its client every ``ping_interval_s`` and drops one from which nothing arrived
+  within ``ping_timeout_s`` of a ping, unless the router is holding it back;
+- puts a frame of its own (a ping, a pong, an ``Error``, a close) only at a frame
+  boundary of the flow it joins.
+
+Backpressure is TCP's: when one side's write buffer passes its high-water mark the
+other side's socket stops being read until it drains. Nothing else is buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import cast
+
+from asrpool.common import framing, protocol
+from asrpool.router import frames, links, metrics, proxying
+
+CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicorn
+
+
+class _ClientSide(asyncio.Protocol):
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def data_received(self, data: bytes) -> None:
+        self.relay.from_client(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.client_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.relay.read_pod(False)
+
+    def resume_writing(self) -> None:
+        self.relay.read_pod(True)
+
+
+class Relay:
+    def __init__(
+        self,
+        handover: framing.WebSocketProtocol,
+        link: links.PodLink,
+        max_bytes: int,
+        meters: metrics.Metrics,
+        ping: tuple[float, float],
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.client = cast(asyncio.Transport, handover.hand_over(self.shutdown))
+        self.client_protocol, self.link = handover, link
+        self.up = frames.Scanner(True, max_bytes, frozenset({frames.CLOSE, frames.PONG}))
+        self.down = frames.Scanner(False, max_bytes, frozenset({frames.CLOSE, frames.PING}))
+        self.to_pod: list[bytes] = []  # pongs waiting for a frame boundary
+        self.to_client: list[bytes] = []  # pings waiting for one
+        self.ended: asyncio.Future[proxying.End] = self.loop.create_future()
+        self.client_gone = self.loop.create_future()
+        self.client_paused = False
+        self.ping_interval, self.ping_timeout = ping
+        self.heard = False  # anything from the client since the last ping (a flag: uvloop's
+        # clock has millisecond steps, a loopback pong can come within the same one)
+        self.timer: asyncio.TimerHandle | None = None
+        self.meters = meters.relayed
+        self.counted = [0, 0]  # messages up and down already counted
+        link.at_boundary = lambda: self.up.at_boundary
+        link.on_pause = lambda paused: self.read_client(not paused)
+        link.on_lost = self.pod_lost
+        self.client.set_protocol(_ClientSide(self))
+
+    async def run(self, first: bytes, pod_gone: asyncio.Event) -> proxying.End:
+        """Forward the pod's first frame, relay until one side ends, say how."""
+        self.client.write(frames.frame(frames.BINARY, first))
+        self.link.attach(self.from_pod)
+        self._schedule_ping()
+        lapse = asyncio.ensure_future(pod_gone.wait())
+        try:
+            await asyncio.wait([self.ended, lapse], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lapse.cancel()
+        self.end(proxying.PodLost("the pod's heartbeat lapsed"))  # unless it ended already
+        self._count()
+        return self.ended.result()
+
+    def end(self, end: proxying.End) -> None:
+        """The first end wins; both sides stop being read (the caller settles them)."""
+        if self.ended.done():
+            return
+        self.ended.set_result(end)
+        if self.timer is not None:
+            self.timer.cancel()
+        for transport in (self.client, self.link.transport):
+            if transport is not None and not transport.is_closing():
+                transport.pause_reading()
+
+    # client to pod
+
+    def from_client(self, data: bytes) -> None:
+        if self.ended.done():
+            self._closing_client(data)
+            return
+        self.heard = True
+        scan = self.up.feed(data)
+        if scan.forward:
+            self.link.write(scan.forward)
+        if self.to_pod and self.up.at_boundary:
+            self.link.write(b"".join(self.to_pod))
+            self.to_pod.clear()
+        for control in scan.controls:
+            if control.opcode == frames.CLOSE:
+                self._client_closed(control.payload)
+                return
+        if scan.fault is frames.Fault.TOO_LARGE:
+            self.end(proxying.TooLarge(scan.size))
+        elif scan.fault is frames.Fault.PROTOCOL:
+            self.end(proxying.ClientLeft(protocol.CloseCode.PROTOCOL_ERROR))
+            self.close_client(protocol.CloseCode.PROTOCOL_ERROR, "invalid frame")
+
+    def _client_closed(self, payload: bytes) -> None:
+        """The client's close: answer it (uvicorn did), then the stream ends."""
+        code, _ = frames.close_code(payload)
+        if self.down.at_boundary:
+            self.client.write(frames.frame(frames.CLOSE, payload[:2]))
+        self.client.close()
+        self.end(proxying.ClientLeft(code))
+
+    def _closing_client(self, data: bytes) -> None:
+        scan = self.up.feed(data)
+        closed = any(c.opcode == frames.CLOSE for c in scan.controls)
+        if closed or scan.fault is not frames.Fault.NONE:
+            self.client.close()
+
+    def client_lost(self, exc: Exception | None) -> None:
+        self.end(proxying.ClientLeft(protocol.CloseCode.LOST))
+        if not self.client_gone.done():
+            self.client_gone.set_result(None)
+        self.client_protocol.connection_lost(exc)  # uvicorn forgets the connection
+
+    def read_client(self, on: bool) -> None:
+        self.client_paused = not on
+        if not self.ended.done() and not self.client.is_closing():
+            (self.client.resume_reading if on else self.client.pause_reading)()
+
+    # pod to client
+
+    def from_pod(self, data: bytes) -> None:
+        if self.ended.done():
+            return
+        scan = self.down.feed(data)
+        if scan.forward:
+            self.client.write(scan.forward)
+        if self.to_client and self.down.at_boundary:
+            self.client.write(b"".join(self.to_client))
+            self.to_client.clear()
+        for control in scan.controls:
+            if control.opcode == frames.PING:
+                self._to_pod(frames.frame(frames.PONG, control.payload, os.urandom(4)))
+            elif control.opcode == frames.CLOSE:
+                self.end(proxying.PodClosed(*frames.close_code(control.payload)))
+                return
+
+    def pod_lost(self) -> None:
+        self.end(proxying.PodLost("the pod's connection was lost"))
+
+    def read_pod(self, on: bool) -> None:
+        transport = self.link.transport
+        if not self.ended.done() and transport is not None and not transport.is_closing():
+            (transport.resume_reading if on else transport.pause_reading)()
+
+    def _to_pod(self, data: bytes) -> None:
+        if self.up.at_boundary:
+            self.link.write(data)
+        else:
+            self.to_pod.append(data)
+
+    # liveness of the client
+
+    def _schedule_ping(self) -> None:
+        self.timer = self.loop.call_later(self.ping_interval, self._ping)
+
+    def _ping(self) -> None:
+        self.heard = False
+        ping = frames.frame(frames.PING, os.urandom(4))
+        if self.down.at_boundary:
+            self.client.write(ping)
+        else:
+            self.to_client.append(ping)
+        self.timer = self.loop.call_later(self.ping_timeout, self._check_alive)
+
+    def _check_alive(self) -> None:
+        self._count()
+        if self.client_paused or self.heard:
+            self._schedule_ping()
+            return
+        # As uvicorn's keepalive timeout: close 1011, and the stream ends as lost.
+        self.end(proxying.ClientLeft(protocol.CloseCode.NO_STATUS))
+        self.close_client(protocol.CloseCode.INTERNAL, "keepalive ping timeout")
+
+    # telling the client at the end
+
+    def tell_client(self, frame: bytes) -> bool:
+        """Write a frame of the router's own, if the flow to the client allows one."""
+        if self.client.is_closing() or not self.down.at_boundary:
+            return False
+        self.client.write(frame)
+        return True
+
+    def close_client(self, code: int, reason: str = "") -> None:
+        """Send a close and wait a bound for the client's answer; without a frame
+        boundary to put it at, drop the connection."""
+        if not self.tell_client(frames.close_frame(code, reason)):
+            self.client.abort()
+            return
+        self.loop.call_later(CLIENT_CLOSE_TIMEOUT_S, self.client.close)
+        self.client.resume_reading()
+
+    def shutdown(self) -> None:
+        """This router is shutting down (uvicorn's shutdown): close 1012, as uvicorn
+        does; the stream stays resumable."""
+        self.end(proxying.ClientLeft(protocol.CloseCode.RESTART))
+        self.tell_client(frames.close_frame(protocol.CloseCode.RESTART))
+        self.client.close()
+
+    def abort_client(self) -> None:
+        self.client.abort()
+
+    def _count(self) -> None:
+        """Messages relayed, into the metrics now and then (never per message)."""
+        up, down = self.up.messages, self.down.messages
+        self.meters.labels("up").inc(up - self.counted[0])
+        self.meters.labels("down").inc(down - self.counted[1])
+        self.counted = [up, down]

@@ -1,0 +1,223 @@
+"""The byte relay against a real router process and fake pods that misbehave on purpose.
+
+Each fake pod is a raw asyncio server in the test's own loop: it answers the upgrade
+and a ``Ready``, then does one thing wrong (or right) and records what reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import redis.asyncio as aioredis
+import websockets
+from websockets.asyncio import client as ws_client
+
+from asrpool.router import frames, keys
+from tests.router import support
+from tests.support.redis_servers import RedisServer
+
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+READY = frames.frame(frames.BINARY, msgpack.packb({"type": "Ready"}))
+WORD = frames.frame(frames.BINARY, msgpack.packb({"type": "Word", "text": "hi", "start_time": 0.5}))
+AUDIO = msgpack.packb({"type": "Audio", "pcm": [0.0] * 1920}, use_single_float=True)
+
+Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "FakePod"], Awaitable[None]]
+
+
+class FakePod:
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour, self.received = behaviour, bytearray()
+        self.done = asyncio.Event()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        key = next(
+            line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")
+            if line.lower().startswith("sec-websocket-key:")
+        )
+        accept = base64.b64encode(hashlib.sha1(key.encode() + GUID).digest())
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n" + READY
+        )
+        try:
+            await self.behaviour(reader, writer, self)
+        finally:
+            self.done.set()
+            writer.close()
+
+    async def read_until_eof(self, reader: asyncio.StreamReader, timeout: float = 10) -> None:
+        async with asyncio.timeout(timeout):
+            while chunk := await reader.read(65536):
+                self.received += chunk
+
+
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def router(
+    module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[support.RouterProcess]:
+    proc = support.RouterProcess(module_redis.url, tmp_path_factory.mktemp("router"))
+    proc.start()
+    yield proc
+    proc.terminate()
+
+
+@pytest.fixture
+async def redis(module_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(module_redis.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def start(redis: aioredis.Redis, pool: str, behaviour: Behaviour) -> FakePod:
+    pod = FakePod(behaviour)
+    port = await pod.start()
+    await support.beat(redis, f"{pool}-pod", total=8, pool=pool, port=port, lease_ms=60_000)
+    return pod
+
+
+async def connect(router: support.RouterProcess, pool: str) -> ws_client.ClientConnection:
+    ws = await ws_client.connect(f"{router.ws_url}?pool={pool}", max_size=None, proxy=None)
+    assert msgpack.unpackb(await ws.recv()) == {"type": "Ready"}
+    return ws
+
+
+async def slot_freed(redis: aioredis.Redis, pod_id: str) -> None:
+    async with asyncio.timeout(10):
+        while await redis.zcard(keys.pod_sessions(pod_id)):
+            await asyncio.sleep(0.1)
+
+
+def close_code_of(data: bytes) -> int | None:
+    """The code of the first close frame in a client's masked flow, if any."""
+    scanner = frames.Scanner(True, 1 << 30, frozenset({frames.CLOSE}))
+    scan = scanner.feed(data)
+    closes = [c for c in scan.controls if c.opcode == frames.CLOSE]
+    return frames.close_code(closes[0].payload)[0] if closes else None
+
+
+async def test_bytes_behind_the_ready_reach_the_client(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    async def backlog(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pod: FakePod):
+        writer.write(WORD * 3)  # a resume's backlog, sent right behind the Ready
+        await pod.read_until_eof(reader)
+
+    pod = await start(redis, "relay-backlog", backlog)
+    ws = await connect(router, "relay-backlog")
+    words = [msgpack.unpackb(await ws.recv()) for _ in range(3)]
+    assert [w["type"] for w in words] == ["Word"] * 3
+    await ws.close()
+    await asyncio.wait_for(pod.done.wait(), 10)
+    assert close_code_of(bytes(pod.received)) == 1000  # a clean close: the pod frees the slot
+    await slot_freed(redis, "relay-backlog-pod")
+
+
+async def test_a_pod_that_closes_mid_frame_drops_the_client_and_frees_the_slot(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    async def half_a_frame(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: FakePod):
+        await reader.read(1)  # the client's first audio
+        writer.write(frames.frame(frames.BINARY, b"w" * 1000)[:200])
+        await writer.drain()
+
+    await start(redis, "relay-midframe", half_a_frame)
+    other = await start(redis, "relay-healthy", _echo_words)
+    ws, healthy = await connect(router, "relay-midframe"), await connect(router, "relay-healthy")
+    await ws.send(AUDIO)
+    with pytest.raises(websockets.ConnectionClosed) as caught:
+        while True:
+            await asyncio.wait_for(ws.recv(), 10)
+    assert caught.value.rcvd is None  # no close frame could follow half a frame
+    await slot_freed(redis, "relay-midframe-pod")
+    await healthy.send(AUDIO)  # another stream on the same router is untouched
+    assert msgpack.unpackb(await asyncio.wait_for(healthy.recv(), 10))["type"] == "Word"
+    await healthy.close()
+    await asyncio.wait_for(other.done.wait(), 10)
+
+
+async def _echo_words(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pod: FakePod):
+    while chunk := await reader.read(65536):
+        pod.received += chunk
+        writer.write(WORD)
+
+
+async def test_garbage_after_admission_is_a_protocol_error_and_never_reaches_the_pod(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    pod = await start(redis, "relay-garbage", _echo_words)
+    ws = await connect(router, "relay-garbage")
+    ws.transport.write(b"\x83\x05garbage that is no frame")  # opcode 3, unmasked
+    with pytest.raises(websockets.ConnectionClosed) as caught:
+        await asyncio.wait_for(ws.recv(), 10)
+    assert caught.value.rcvd is not None and caught.value.rcvd.code == 1002
+    await asyncio.wait_for(pod.done.wait(), 10)
+    assert b"garbage" not in pod.received
+    assert close_code_of(bytes(pod.received)) == 1000
+    await slot_freed(redis, "relay-garbage-pod")
+
+
+async def test_the_router_answers_the_pods_pings(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    async def pinging(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pod: FakePod):
+        writer.write(frames.frame(frames.PING, b"ping") + WORD)
+        await pod.read_until_eof(reader)
+
+    pod = await start(redis, "relay-ping", pinging)
+    ws = await connect(router, "relay-ping")
+    assert msgpack.unpackb(await ws.recv())["type"] == "Word"
+    await ws.close()
+    await asyncio.wait_for(pod.done.wait(), 10)
+    scan = frames.Scanner(True, 1 << 30, frozenset({frames.PONG, frames.CLOSE})).feed(
+        bytes(pod.received)
+    )
+    assert frames.Control(frames.PONG, b"ping") in scan.controls
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+async def test_workers_share_the_port_and_end_with_the_parent(
+    module_redis: RedisServer, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    proc = support.RouterProcess(module_redis.url, tmp_path, "--workers", "2")
+    proc.start()
+    try:
+        assert proc.proc is not None
+        workers = _children(proc.proc.pid)
+        assert len(workers) == 2
+        pod = await start(redis, "relay-workers", _echo_words)
+        streams = [await connect(proc, "relay-workers") for _ in range(6)]
+        for ws in streams:
+            await ws.send(AUDIO)
+            assert msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))["type"] == "Word"
+        for ws in streams:
+            await ws.close()
+        await slot_freed(redis, "relay-workers-pod")
+        del pod
+    finally:
+        code = await asyncio.to_thread(proc.terminate)
+    assert code == 0
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()]
