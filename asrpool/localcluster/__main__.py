@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allocatable nvidia.com/gpu of each node (default 0)")
     parser.add_argument("--bin-dir", type=Path, required=True,
                         help="the folder of the binaries tools/cluster/build made")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="stop everything when the process that started this one dies"
+                        " (a test run killed before its teardown leaves no cluster behind)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep files (logs, etcd, pods) here instead of a temporary folder")
     return parser
@@ -63,8 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_agent.start()
         processes.wait_until(node_agent.nodes_ready, READY_TIMEOUT, "the nodes")
         print("ready", flush=True)
+        parent = os.getppid()
         while not stop.wait(1.0):
             plane.check_alive()
+            if args.exit_with_parent and os.getppid() != parent:
+                break
     except processes.StartError as exc:
         failed = True
         print(f"tools/cluster/up: {exc} (logs kept: {workdir / 'logs'})", file=sys.stderr)

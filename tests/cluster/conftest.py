@@ -56,7 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     stderr = (workdir / "up.log").open("wb")
     process = subprocess.Popen(
         [str(TOOLS / "up"), "--kubeconfig", str(kubeconfig), "--nodes", "2",
-         "--gpus-per-node", "2", "--workdir", str(workdir / "state")],
+         "--gpus-per-node", "2", "--workdir", str(workdir / "state"), "--exit-with-parent"],
         stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import processes
+from tests.support.processes import running_with
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools" / "cluster"
@@ -51,16 +51,3 @@ def test_a_binary_that_dies_at_start_is_named_with_its_last_words(tmp_path: Path
                            "127.0.0.1: address already in use")
     assert running_with(str(tmp_path)) == []  # etcd, started first, was stopped too
 
-
-def running_with(text: str) -> list[str]:
-    """Command lines of live processes that mention ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if text in cmdline and processes.alive(int(entry.name)):
-                found.append(cmdline)
-    return found
