@@ -18,3 +18,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_ser
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[redis_servers.RedisServer]:
+    """One real ``redis-server`` shared by the tests of a module."""
+    server = redis_servers.RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -64,14 +64,6 @@ class FakePod:
 
 
 @pytest.fixture(scope="module")
-def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def router(
     module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[support.RouterProcess]:
