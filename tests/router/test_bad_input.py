@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,11 +47,6 @@ def router(
     proc.terminate()
 
 
-@pytest.fixture
-async def redis(module_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(module_redis.url, decode_responses=True)
-    yield client
-    await client.aclose()
 
 
 def with_key(name: str = "good") -> dict[str, str]:

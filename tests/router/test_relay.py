@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import msgpack
@@ -73,11 +73,6 @@ def router(
     proc.terminate()
 
 
-@pytest.fixture
-async def redis(module_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(module_redis.url, decode_responses=True)
-    yield client
-    await client.aclose()
 
 
 async def start(redis: aioredis.Redis, pool: str, behaviour: Behaviour) -> FakePod:
