@@ -80,6 +80,9 @@ def _lm_kwargs(n_q: int, card: int, text_card: int, **overrides: Any) -> dict[st
     return base | overrides
 
 
+# ``stt-1b-en_fr`` and ``stt-2.6b-en`` follow Kyutai's own moshi-server configurations
+# (kyutai-labs/delayed-streams-modeling, configs/config-stt-en_fr-hf.toml and
+# config-stt-en-hf.toml); tests/engine/test_presets.py holds every field to them.
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
         _tiny_mimi(),
@@ -101,9 +104,9 @@ PRESETS: dict[str, Preset] = {
     ),
     "stt-2.6b-en": Preset(
         loaders._mimi_config,
-        _lm_kwargs(32, 2048, 4000, dim=2560, num_heads=20, num_layers=24, hidden_scale=4,
-                   context=375, max_period=100000),
-        asr_delay_in_tokens=31, vocab_size=256, text_bias=False,
+        _lm_kwargs(32, 2048, 4000, dim=2048, num_heads=32, num_layers=48, hidden_scale=4,
+                   context=375, max_period=100000, extra_heads_num_heads=0),
+        asr_delay_in_tokens=32, vocab_size=256, text_bias=False,
     ),
 }
 
@@ -248,14 +251,25 @@ def _from_checkpoint_info(
         mimi=mimi,
         lm=lm,
         tokenizer=info.get_text_tokenizer(),
-        asr_delay_in_tokens=asr_delay_from_config(info.raw_config or {}),
+        asr_delay_in_tokens=asr_delay_from_config(info.raw_config or {}, model_id),
     )
 
 
-def asr_delay_from_config(config: dict[str, Any]) -> int:
-    """Steps between audio and its words: explicit, or from ``stt_config``."""
+# Kyutai's server configurations set these delays; the repos' config.json only give
+# seconds, and 2.5 s is 31.25 steps, which Kyutai's server rounds up to 32.
+KYUTAI_SERVER_DELAYS = {"kyutai/stt-1b-en_fr": 6, "kyutai/stt-2.6b-en": 32}
+
+
+def asr_delay_from_config(config: dict[str, Any], model_id: str = "") -> int:
+    """Steps between audio and its words.
+
+    An explicit ``asr_delay_in_tokens`` in the checkpoint wins; then the delay Kyutai's
+    own server uses for one of its repos; then ``stt_config.audio_delay_seconds``.
+    """
     if "asr_delay_in_tokens" in config:
         return int(config["asr_delay_in_tokens"])
+    if model_id in KYUTAI_SERVER_DELAYS:
+        return KYUTAI_SERVER_DELAYS[model_id]
     delay_seconds = float(config.get("stt_config", {}).get("audio_delay_seconds", 0.5))
     return int(delay_seconds * FRAME_RATE)
 
