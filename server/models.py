@@ -256,7 +256,7 @@ def _from_checkpoint_info(
 
 
 # Kyutai's server configurations set these delays; the repos' config.json only give
-# seconds, and 2.5 s is 31.25 steps, which Kyutai's server rounds up to 32.
+# seconds (2.5 s is 31.25 steps), and Kyutai's configuration for the 2.6B model says 32.
 KYUTAI_SERVER_DELAYS = {"kyutai/stt-1b-en_fr": 6, "kyutai/stt-2.6b-en": 32}
 
 
