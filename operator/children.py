@@ -127,7 +127,7 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "imagePullPolicy": pool.image_pull_policy,
         "command": ["asrpool", "serve"],
         "envFrom": [{"configMapRef": {"name": naming.config_map(pool.name)}}],
-        "env": _pod_environment(pool),
+        "env": _pod_environment(pool, config),
         "ports": [{"name": "http", "containerPort": settings.SERVER_PORT, "protocol": "TCP"}],
         # 200 once the model is loaded and warmed; loading may take 10 minutes.
         "startupProbe": _probe("/startupz", period=5, failures=120),
@@ -143,7 +143,7 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
     return container
 
 
-def _pod_environment(pool: pools.Pool) -> list[Child]:
+def _pod_environment(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
     env: list[Child] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "ASRPOOL_POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -152,6 +152,9 @@ def _pod_environment(pool: pools.Pool) -> list[Child]:
     if pool.pod_token is not None:
         ref = {"name": pool.pod_token.name, "key": pool.pod_token.key}
         env.append({"name": "ASRPOOL_POD_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    if config.redis_password_secret:
+        ref = {"name": config.redis_password_secret, "key": config.redis_password_secret_key}
+        env.append({"name": "ASRPOOL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": ref}})
     return env
 
 

@@ -31,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--redis-url", help="Redis the pods heartbeat to (ASRPOOL_REDIS_URL)")
     parser.add_argument("--pod-redis-url",
                         help="Redis URL as the server pods reach it, if not --redis-url")
+    parser.add_argument("--redis-password-file",
+                        help="file holding the Redis password (or ASRPOOL_REDIS_PASSWORD)")
+    parser.add_argument("--redis-password-secret", metavar="NAME",
+                        help="Secret in each pool's namespace holding the Redis password for"
+                        " the server pods (they get it by reference)")
+    parser.add_argument("--redis-password-secret-key", metavar="KEY",
+                        help="key of the password in that Secret (default: password)")
     parser.add_argument("--redis-timeout-seconds", type=float,
                         help="longest wait for one Redis call (default 2)")
     parser.add_argument("--default-image", help="server image for pools that name none")
@@ -49,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 _FIELDS = (
     "namespaces", "all_namespaces", "redis_url", "pod_redis_url", "redis_timeout_seconds",
+    "redis_password_file", "redis_password_secret", "redis_password_secret_key",
     "default_image",
     "resync_seconds", "termination_margin_seconds", "kube_api_url", "liveness_endpoint",
     "log_level",
@@ -66,12 +74,17 @@ def load_settings(args: argparse.Namespace) -> settings.OperatorSettings:
 def _run(args: argparse.Namespace) -> int:
     import pydantic
 
+    from asrpool.common import redis_clients
     from asrpool.operator import running
 
     try:
         config = load_settings(args)
+        config.redis_password_value()  # an unreadable password file fails here, not later
     except pydantic.ValidationError as exc:
         print(f"asrpool operator: {_errors(exc)}", file=sys.stderr)
+        return 2
+    except redis_clients.RedisPasswordError as exc:
+        print(f"asrpool operator: {exc}", file=sys.stderr)
         return 2
     return running.run(config)
 

@@ -62,7 +62,8 @@ def _register_lifecycle(registry: kopf.OperatorRegistry, config: settings.Operat
     async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings)
         api = kube.Kube(kube.load_configuration(config.kube_api_url))
-        redis = redis_clients.connect(config.redis_url, config.redis_timeout_seconds)
+        redis = redis_clients.connect(config.redis_url, config.redis_timeout_seconds,
+                                      password=config.redis_password_value())
         memo.context = reconciling.Context(config, api, redis)
 
     @kopf.on.cleanup(registry=registry)

@@ -15,7 +15,7 @@ import kopf
 import redis
 import redis.asyncio as aioredis
 
-from asrpool.common import registry
+from asrpool.common import redis_clients, registry
 from asrpool.operator import applying, children, kube, naming, pools, settings, statuses, usage
 
 REDIS_RETRY_SECONDS = 5
@@ -84,7 +84,8 @@ async def _protect_streams(
         return 0
     if beats is None:
         raise kopf.TemporaryError(
-            f"cannot read live slot use from Redis ({context.config.redis_url}); not lowering"
+            f"cannot read live slot use from Redis"
+            f" ({redis_clients.without_password(context.config.redis_url)}); not lowering"
             f" server pods from {current} to {pool.pods} until it can", delay=REDIS_RETRY_SECONDS)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
     changes = usage.cost_changes(pods, usage.deletion_costs(pods, beats))

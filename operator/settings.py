@@ -7,11 +7,13 @@ from typing import Annotated, Any
 import pydantic
 import pydantic_settings
 
+from asrpool.common import redis_clients
+
 SERVER_PORT = 8080  # the port every server pod listens on (the pod contract)
 DEFAULT_IMAGE = "ghcr.io/asrpool/asrpool:0.1.0"
 
 
-class OperatorSettings(pydantic_settings.BaseSettings):
+class OperatorSettings(redis_clients.RedisCredentials):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     # Where the operator watches: the listed namespaces, or every namespace.
@@ -22,6 +24,10 @@ class OperatorSettings(pydantic_settings.BaseSettings):
     # Redis as the operator reads it (live slot use) and as server pods reach it.
     redis_url: str = "redis://127.0.0.1:6379/0"
     pod_redis_url: str | None = None
+    # The Secret (in each pool's namespace) whose key holds the Redis password: server
+    # pods get it as ASRPOOL_REDIS_PASSWORD by reference, never as a literal.
+    redis_password_secret: str | None = None
+    redis_password_secret_key: str = "password"
     # Each Redis call waits at most this long: a Redis that stops answering never holds
     # a pool's pass (and its lock) for longer.
     redis_timeout_seconds: float = pydantic.Field(default=2.0, gt=0)
@@ -52,6 +58,11 @@ class OperatorSettings(pydantic_settings.BaseSettings):
             raise ValueError("pass either namespaces or all_namespaces, not both")
         if not self.all_namespaces and not self.namespaces:
             raise ValueError("pass --namespace NAME (repeatable) or --all-namespaces")
+        if redis_clients.has_password(self.server_redis_url):
+            raise ValueError(
+                "the Redis URL for server pods carries a password, which would be written"
+                " into their Deployments; give the URL without it and name the Secret"
+                " holding the password with --redis-password-secret")
         return self
 
     @property

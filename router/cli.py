@@ -6,12 +6,14 @@ Heavy imports (FastAPI, Redis, uvicorn) happen only when the command runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 # Flags that map one to one onto RouterSettings fields; environment variables
 # (ASRPOOL_REDIS_URL, ...) fill in what the flags leave out.
 _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--redis-url", {"help": "Redis holding the slot registry (redis://host:port/db)"}),
+    ("--redis-url", {"help": "Redis of the slot registry (redis://host:port/db, no password)"}),
+    ("--redis-password-file", {"help": "file with the Redis password (or ASRPOOL_REDIS_PASSWORD)"}),
     ("--host", {"help": "address to listen on"}),
     ("--port", {"type": int, "help": "port to listen on"}),
     (
@@ -76,15 +78,15 @@ def settings_from(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import pydantic
 
-    from asrpool.common import auth
+    from asrpool.common import auth, redis_clients
     from asrpool.router import serving
 
     try:
         config = settings_from(args)
         return serving.serve(config)
     except pydantic.ValidationError as exc:
-        print(f"asrpool route: invalid settings:\n{exc}")
+        print(f"asrpool route: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    except auth.KeyFileError as exc:
-        print(f"asrpool route: {exc}")
+    except (auth.KeyFileError, redis_clients.RedisPasswordError) as exc:
+        print(f"asrpool route: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from pathlib import Path
 import pydantic
 import pydantic_settings
 
-from asrpool.common import protocol, registry
+from asrpool.common import protocol, redis_clients, registry
 from asrpool.router import policies
 
 
@@ -21,7 +21,7 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class RouterSettings(pydantic_settings.BaseSettings):
+class RouterSettings(redis_clients.RedisCredentials):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -57,7 +57,7 @@ class RouterSettings(pydantic_settings.BaseSettings):
     max_upload_bytes: int = pydantic.Field(default=64 << 20, ge=1024)  # POST bodies
     ping_interval_s: float = pydantic.Field(default=10.0, gt=0)
     ping_timeout_s: float = pydantic.Field(default=10.0, gt=0)
-    redis_timeout_s: float = pydantic.Field(default=0.5, gt=0)
+    redis_timeout_seconds: float = pydantic.Field(default=0.5, gt=0)
     # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
     # no cost shown) and GPUs per server pod (the pools' resources.gpus).
     gpu_hour_price: float | None = pydantic.Field(default=None, ge=0)

@@ -8,9 +8,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
-from redis import backoff, retry
 
-from asrpool.common import auth
+from asrpool.common import auth, redis_clients
 from asrpool.router import admissions, leasing, metrics, settings
 
 
@@ -25,15 +24,9 @@ class Deps:
 
 
 def connect_redis(config: settings.RouterSettings) -> aioredis.Redis:
-    """A client that fails fast when Redis is gone (one retry covers a connection left
-    stale by a Redis restart) and reconnects by itself when it is back."""
-    return aioredis.Redis.from_url(
-        config.redis_url,
-        decode_responses=True,
-        socket_timeout=config.redis_timeout_s,
-        socket_connect_timeout=config.redis_timeout_s,
-        retry=retry.Retry(backoff.NoBackoff(), 1),
-    )
+    """A client that fails fast when Redis is gone and reconnects by itself."""
+    return redis_clients.connect(config.redis_url, config.redis_timeout_seconds,
+                                 password=config.redis_password_value(), decode_responses=True)
 
 
 def build(config: settings.RouterSettings) -> Deps:

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 import fastapi
 from fastapi import responses
 
-from asrpool.common import auth, builds, protocol
-from asrpool.server import heartbeat, pods, settings, streaming, uploads
+from asrpool.common import auth, builds, protocol, redis_clients
 from asrpool.server import metrics as metrics_mod
+from asrpool.server import pods, settings, streaming, uploads
 
 if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
     from asrpool.server import engine
 
 
@@ -21,9 +23,16 @@ def build_deps(config: settings.ServerSettings) -> pods.Deps:
     """The real dependencies: the model named in the settings, Redis, the key file."""
     return pods.Deps(
         engine_factory=lambda: _build_engine(config),
-        redis=heartbeat.connect(config.redis_url) if config.redis_url else None,
+        redis=_connect_redis(config),
         keys=auth.load_keys(config.api_keys_file) if config.api_keys_file else None,
     )
+
+
+def _connect_redis(config: settings.ServerSettings) -> aioredis.Redis | None:
+    if not config.redis_url:
+        return None
+    return redis_clients.connect(config.redis_url, config.redis_timeout_seconds,
+                                 password=config.redis_password_value())
 
 
 def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:

@@ -21,10 +21,6 @@ logger = logging.getLogger(__name__)
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError, asyncio.TimeoutError)
 
 
-def connect(url: str, timeout: float = 0.5) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-
-
 async def claim_at_start(redis_client: aioredis.Redis, pod_id: str, instance: str,
                          lease_ms: int) -> None:
     """Hold the pod id for this process (raises ``registry.PodIdTaken``); an unreachable

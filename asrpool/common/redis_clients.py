@@ -1,18 +1,79 @@
-"""One way to make a Redis client: every call has a deadline.
+"""One way to make a Redis client: every call has a deadline, the password a Secret.
 
 A Redis that stops answering must cost a bounded wait, never a hang: the operator holds
 a pool's lock during a pass, a pod's heartbeat and a router's admission are on the hot
 path. One retry covers a connection left stale by a Redis restart.
+
+The password never travels in a URL, an argument or a ConfigMap: each part reads it
+from ``ASRPOOL_REDIS_PASSWORD`` (set from a Secret by the chart and the operator) or
+from the file named by ``ASRPOOL_REDIS_PASSWORD_FILE`` / ``--redis-password-file``.
 """
 
 from __future__ import annotations
 
+import urllib.parse
+from pathlib import Path
+
+import pydantic
+import pydantic_settings
 import redis.asyncio as aioredis
 from redis import backoff, retry
 
 
-def connect(url: str, timeout_seconds: float, *, decode_responses: bool = False
-            ) -> aioredis.Redis:
+class RedisPasswordError(ValueError):
+    """The password cannot be read, or sits where it would leak; the message says which."""
+
+
+class RedisCredentials(pydantic_settings.BaseSettings):
+    """The settings fields every part shares for its Redis password."""
+
+    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
+
+    redis_password: pydantic.SecretStr | None = None
+    redis_password_file: Path | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> RedisCredentials:
+        if self.redis_password is not None and self.redis_password_file is not None:
+            raise ValueError("pass the Redis password as ASRPOOL_REDIS_PASSWORD or as"
+                             " --redis-password-file, not both")
+        return self
+
+    def redis_password_value(self) -> str | None:
+        """The password, read from its file at each call (a rotated Secret is picked up)."""
+        if self.redis_password is not None:
+            return self.redis_password.get_secret_value()
+        if self.redis_password_file is None:
+            return None
+        try:
+            text = self.redis_password_file.read_text()
+        except OSError as exc:
+            raise RedisPasswordError(
+                f"cannot read the Redis password file {self.redis_password_file}: "
+                f"{exc.strerror}") from exc
+        return text.rstrip("\r\n")
+
+
+def connect(url: str, timeout_seconds: float, *, password: str | None = None,
+            decode_responses: bool = False) -> aioredis.Redis:
     return aioredis.Redis.from_url(
-        url, decode_responses=decode_responses, socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds, retry=retry.Retry(backoff.NoBackoff(), 1))
+        url, password=password, decode_responses=decode_responses,
+        socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
+        retry=retry.Retry(backoff.NoBackoff(), 1))
+
+
+def has_password(url: str) -> bool:
+    """Whether a ``redis://`` URL carries a password (``redis://user:pw@host``)."""
+    return urllib.parse.urlsplit(url).password is not None
+
+
+def without_password(url: str) -> str:
+    """The URL as it may be logged or shown: any password replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

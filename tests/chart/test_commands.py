@@ -90,12 +90,35 @@ def test_the_router_probes_and_the_operator_redis_are_real(environ: Environ) -> 
     assert config.redis_url == "redis://demo-asrpool-redis.asr-system.svc.cluster.local:6379/0"
 
 
-def test_an_external_redis_password_comes_from_its_secret(environ: Environ) -> None:
-    config, _ = router_from("external-redis-with-password", environ)
-    assert config.redis_url == (
-        "rediss://:secret-redis-credentials-redis-password@redis.example.internal:6380/2")
-    operator, _ = operator_from("external-redis-with-password", environ)
-    assert operator.redis_url == config.redis_url
+@pytest.mark.parametrize(("scenario", "secret", "key"), [
+    ("external-redis-with-password", "redis-credentials", "redis-password"),
+    ("defaults", "demo-asrpool-redis", "password"),
+])
+def test_the_redis_password_comes_from_its_secret_never_in_a_url(
+    scenario: str, secret: str, key: str, environ: Environ,
+) -> None:
+    """Router, operator and (through the operator) every server pod read the password
+    from the Secret; no URL, argument or ConfigMap carries it."""
+    from asrpool.common import redis_clients
+
+    config, _ = router_from(scenario, environ)
+    assert config.redis_password_value() == f"secret-{secret}-{key}"
+    operator, _ = operator_from(scenario, environ)
+    assert operator.redis_password_value() == config.redis_password_value()
+    assert not redis_clients.has_password(config.redis_url)
+    assert (operator.redis_password_secret, operator.redis_password_secret_key) == (secret, key)
+    manifests = rendering.render(SCENARIOS[scenario])
+    assert not any(m["kind"] == "ConfigMap" and "REDIS_PASSWORD" in str(m) for m in manifests)
+
+
+def test_the_built_in_redis_requires_a_generated_password() -> None:
+    manifests = rendering.render(SCENARIOS["defaults"])
+    secret = rendering.one(manifests, "Secret", "demo-asrpool-redis")
+    assert len(secret["data"]["password"]) > 40  # 40 random characters, base64
+    redis = rendering.container(rendering.one(manifests, "StatefulSet", "demo-asrpool-redis"))
+    script = redis["args"][0]
+    assert "requirepass $REDIS_PASSWORD" in script and "redis-server -" in script
+    assert {e["name"] for e in redis["env"]} == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
 
 
 def test_api_keys_reach_the_router_as_the_file_it_loads(environ: Environ) -> None:

@@ -139,7 +139,7 @@ def test_the_pod_token_is_one_value_in_every_pool_namespace_and_pools_name_it() 
     assert pool.pod_token == pools.SecretKey("demo-asrpool-pod-token", "token")
 
 
-def test_an_existing_pod_token_secret_is_used_and_none_is_made() -> None:
+def test_existing_secrets_are_used_and_none_is_made() -> None:
     manifests = rendering.render(SCENARIOS["existing-secrets"])
     assert [s["metadata"]["name"] for s in rendering.find(manifests, "Secret")] == []
     router = rendering.container(rendering.deployment(manifests, "router"))
@@ -147,6 +147,19 @@ def test_an_existing_pod_token_secret_is_used_and_none_is_made() -> None:
     assert ref == {"secretKeyRef": {"name": "asr-pod-token", "key": "value"}}
     volume = rendering.deployment(manifests, "router")["spec"]["template"]["spec"]["volumes"][0]
     assert volume["secret"]["secretName"] == "asr-keys"
+    ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_REDIS_PASSWORD")["valueFrom"]
+    assert ref == {"secretKeyRef": {"name": "asr-redis", "key": "pw"}}
+
+
+def test_a_redis_without_password_is_a_choice_not_a_default() -> None:
+    manifests = rendering.render(SCENARIOS["redis-without-password"])
+    assert "demo-asrpool-redis" not in [s["metadata"]["name"]
+                                        for s in rendering.find(manifests, "Secret")]
+    for part in ("router", "operator"):
+        env = rendering.container(rendering.deployment(manifests, part))["env"]
+        assert not any("REDIS_PASSWORD" in e["name"] for e in env)
+    redis = rendering.container(rendering.one(manifests, "StatefulSet", "demo-asrpool-redis"))
+    assert redis["command"] == ["redis-server"]
 
 
 def test_the_router_hpa_owns_the_replica_count_when_on() -> None:

@@ -5,7 +5,8 @@ request they make meets RBAC; the pools' server pods are real ``asrpool serve --
 tiny`` processes started by the node agent; the real ReplicaSet controller chooses
 which pod a scale-down removes (by the operator's ``pod-deletion-cost``) and the real
 Deployment controller rolls a model change. Redis is a local server (the chart's
-"external Redis"): no image can run here.
+"external Redis"): no image can run here. It requires a password, which the router,
+the operator and the server pods read from a Secret in the release namespace.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support.polling import eventually
 pytestmark = pytest.mark.timeout(600)
 CHART = Path(__file__).resolve().parents[2] / "charts" / "asrpool"
 RELEASE = "asrpool"
+REDIS_PASSWORD = "chart-test-redis-password"
 STARTUP = 180.0  # tiny-model pods, the operator and a router on a shared 2-core machine
 WAIT = 90.0
 
@@ -50,7 +52,8 @@ def chart_values(redis_url: str) -> dict[str, Any]:
         "operator": {"allNamespaces": False, "resyncSeconds": 2},
         "router": {"replicas": 1, "autoscaling": {"enabled": False},
                    "preStopSleepSeconds": 0, "terminationGracePeriodSeconds": 10},
-        "redis": {"enabled": False, "external": {"url": redis_url}},
+        "redis": {"enabled": False, "external": {
+            "url": redis_url, "passwordSecret": {"name": "redis-credentials", "key": "pw"}}},
         "metrics": {"dashboard": {"enabled": False}},
     }
 
@@ -76,7 +79,9 @@ def release(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactor
     core = kubernetes.client.CoreV1Api(cluster.api)
     core.create_namespace({"metadata": {"name": namespace}})
     cluster.wait_for_service_account(namespace)
-    redis = redis_servers.RedisServer(tmp_path_factory.mktemp("redis"))
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "redis-credentials"},
+                                              "stringData": {"pw": REDIS_PASSWORD}})
+    redis = redis_servers.RedisServer(tmp_path_factory.mktemp("redis"), password=REDIS_PASSWORD)
     redis.start()
     config = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace)
     try:
@@ -145,12 +150,15 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
         status = cluster.get(namespace, "asrpool", "stt").get("status") or {}
         assert (status.get("slots"), status.get("freeSlots")) == (slots, free), status
 
-    await eventually(lambda: slots_reported(2, 2), WAIT, period=1.0)
+    await eventually(lambda: slots_reported(2, 2), WAIT, period=1.0)  # pods beat, with the password
+    for kind in ("deployment", "configmap"):
+        objects = cluster.kubectl("get", kind, "-n", namespace, "-o", "json").stdout
+        assert REDIS_PASSWORD not in objects  # by reference to the Secret only
 
     url = f"ws://{release.router}/api/asr-streaming?pool=stt"
     async with kyutai_client.paced_stream(url, WAIT, timeout=400) as stream:
         await eventually(lambda: slots_reported(2, 1), WAIT, period=1.0)
-        use = await redis_servers.used_slots(release.redis.url, "stt")
+        use = await redis_servers.used_slots(release.redis.url, "stt", REDIS_PASSWORD)
         (busy,) = [pod for pod, used in use.items() if used]
         (idle,) = pod_names(cluster, namespace, "stt") - {busy}
 

@@ -130,6 +130,17 @@ def test_auth_mounts_the_key_file_and_passes_the_pod_token() -> None:
     assert data["ASRPOOL_API_KEYS_FILE"] == "/etc/asrpool/keys/keys.yaml"
 
 
+def test_the_redis_password_reaches_pods_by_reference_only() -> None:
+    config = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0",
+                                       redis_password="op-secret",
+                                       redis_password_secret="asrpool-redis")
+    built = children.build_all(pool(), config)
+    server = built[1]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "ASRPOOL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
+        "name": "asrpool-redis", "key": "password"}}} in server["env"]
+    assert "op-secret" not in repr(built)
+
+
 def test_a_config_change_changes_the_pod_template() -> None:
     before = deployment()["spec"]["template"]["metadata"]["annotations"]
     after = deployment(context=750)["spec"]["template"]["metadata"]["annotations"]

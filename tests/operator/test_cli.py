@@ -50,6 +50,20 @@ def test_environment_variables_fill_in_and_flags_win(monkeypatch: pytest.MonkeyP
     assert config.default_image == "img:env"
 
 
+def test_a_pod_redis_url_with_a_password_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse("-n", "x", "--redis-url", "redis://:pw@redis:6379/0")
+    assert args.handler(args) == 2
+    assert "--redis-password-secret" in capsys.readouterr().err
+
+
+def test_an_unreadable_password_file_is_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = parse("-n", "x", "--redis-password-file", str(tmp_path / "none"))
+    assert args.handler(args) == 2
+    assert "cannot read the Redis password file" in capsys.readouterr().err
+
+
 def test_cluster_wide() -> None:
     assert cli.load_settings(parse("-A")).all_namespaces
 

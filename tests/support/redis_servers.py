@@ -15,9 +15,11 @@ from asrpool.common.processes import free_port
 class RedisServer:
     """One ``redis-server`` process on a loopback port; can be killed and restarted."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None,
+                 password: str | None = None) -> None:
         self.workdir = workdir
         self.port = port or free_port()
+        self.password = password  # requirepass; never part of ``url``
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -25,12 +27,12 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = processes.redis_server_argv(self.port, self.workdir)
+        args = processes.redis_server_argv(self.port, self.workdir, password=self.password)
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_until_up()
 
     def _wait_until_up(self, timeout: float = 10.0) -> None:
-        processes.wait_until(lambda: processes.redis_answers(self.url), timeout,
+        processes.wait_until(lambda: processes.redis_answers(self.url, self.password), timeout,
                              f"redis-server on port {self.port}", period=0.05)
 
     def kill(self) -> None:
@@ -51,12 +53,12 @@ class RedisServer:
             self.process = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, decode_responses=True)
+        return redis.Redis.from_url(self.url, password=self.password, decode_responses=True)
 
 
-async def used_slots(url: str, pool: str) -> dict[str, int]:
+async def used_slots(url: str, pool: str, password: str | None = None) -> dict[str, int]:
     """Each pod's used slots, by pod id, as its heartbeat reports them."""
-    client = aioredis.Redis.from_url(url)
+    client = aioredis.Redis.from_url(url, password=password)
     try:
         return {b.pod_id: b.used_slots for b in await registry.read_pool(client, pool)}
     finally:

@@ -50,28 +50,40 @@ app.kubernetes.io/managed-by: asrpool-operator
 {{- prepend .Values.pools.namespaces .Release.Namespace | uniq | toJson }}
 {{- end }}
 
-{{/* Redis: the URL everything dials, with $(REDIS_PASSWORD) where a password is set. */}}
+{{/* Redis: the URL everything dials; never a password in it. */}}
 {{- define "asrpool.redisUrl" -}}
 {{- if .Values.redis.enabled }}
 {{- printf "redis://%s-redis.%s.svc.cluster.local:6379/0" (include "asrpool.fullname" .) .Release.Namespace }}
-{{- else if .Values.redis.external.passwordSecret.name }}
-{{- regexReplaceAll "^(rediss?://)" .Values.redis.external.url "${1}:$(REDIS_PASSWORD)@" }}
 {{- else }}
 {{- .Values.redis.external.url }}
 {{- end }}
 {{- end }}
 
-{{/* Container env for Redis: the password (if any) first, so that $(REDIS_PASSWORD) expands. */}}
-{{- define "asrpool.redisEnv" -}}
-{{- if and (not .Values.redis.enabled) .Values.redis.external.passwordSecret.name }}
-- name: REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.redis.external.passwordSecret.name }}
-      key: {{ .Values.redis.external.passwordSecret.key }}
+{{/* The Secret holding the Redis password, and its key; empty name: no password. */}}
+{{- define "asrpool.redisPasswordSecret" -}}
+{{- if .Values.redis.enabled }}
+{{- if .Values.redis.auth.enabled }}
+{{- default (printf "%s-redis" (include "asrpool.fullname" .)) .Values.redis.auth.existingSecret }}
 {{- end }}
+{{- else }}
+{{- .Values.redis.external.passwordSecret.name }}
+{{- end }}
+{{- end }}
+{{- define "asrpool.redisPasswordKey" -}}
+{{- if .Values.redis.enabled }}{{ .Values.redis.auth.secretKey }}{{ else }}{{ .Values.redis.external.passwordSecret.key }}{{ end }}
+{{- end }}
+
+{{/* Container env for Redis: the URL, and the password by reference to its Secret. */}}
+{{- define "asrpool.redisEnv" -}}
 - name: ASRPOOL_REDIS_URL
   value: {{ include "asrpool.redisUrl" . | quote }}
+{{- with include "asrpool.redisPasswordSecret" . }}
+- name: ASRPOOL_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ include "asrpool.redisPasswordKey" $ }}
+{{- end }}
 {{- end }}
 
 {{/* Secrets. */}}
