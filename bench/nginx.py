@@ -84,19 +84,8 @@ def nginx_binary() -> str:
 
 def tree_cpu(pid: int) -> float:
     """CPU seconds (user + system) of ``pid`` and every live descendant."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    family, total = {pid}, 0.0
-    for child, parent in sorted(parents.items()):
-        if parent in family:
-            family.add(child)
-    for member in family:
+    total = 0.0
+    for member in {pid} | processes.descendants(pid):
         with contextlib.suppress(OSError):  # it exited meanwhile
             total += router_bench.cpu_seconds(member)
     return total

@@ -146,3 +146,29 @@ def redis_answers(url: str, password: str | None = None) -> bool:
         return False
     finally:
         client.close()
+
+
+def parents() -> dict[int, int]:
+    """Every live process's parent, from /proc (Linux); processes that exit meanwhile
+    are left out."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below ``root``."""
+    tree = parents()
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        children = {pid for pid, parent in tree.items() if parent in frontier}
+        frontier = children - found
+        found |= children
+    return found

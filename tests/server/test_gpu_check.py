@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from asrpool.common import processes
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu-check"
 
 
@@ -62,16 +64,7 @@ def test_gpu_check_says_how_to_install_when_asrpool_is_missing(tmp_path: Path) -
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
+    return [child for child, parent in processes.parents().items() if parent == pid]
 
 
 @pytest.mark.gpu_check

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from asrpool.common.processes import descendants
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def descendants(root: int) -> set[int]:
-    """Every live process below ``root``."""
-    parents = {int(p): _parent_of(int(p)) for p in os.listdir("/proc") if p.isdigit()}
-    found, frontier = set(), {root}
-    while frontier:
-        children = {pid for pid, parent in parents.items() if parent in frontier}
-        frontier = children - found
-        found |= children
-    return found
+__all__ = ["alive", "descendants", "running_with"]
 
 
 def alive(pid: int) -> bool:
