@@ -46,7 +46,7 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
         "ASRPOOL_DEVICE": pool.device,
         "ASRPOOL_HOST": "0.0.0.0",
         "ASRPOOL_PORT": str(settings.SERVER_PORT),
-        "ASRPOOL_POOL": pool.name,
+        "ASRPOOL_POOL": pool.registry_name,
         "ASRPOOL_REDIS_URL": config.server_redis_url,
         "ASRPOOL_DRAIN_GRACE_SECONDS": str(pool.drain_grace_seconds),
     }

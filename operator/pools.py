@@ -75,6 +75,12 @@ class Pool:
         return pods_for(self.slots, self.slots_per_pod)
 
     @property
+    def registry_name(self) -> str:
+        """The pool in the slot registry: ``namespace/name``, so that pools of one name in
+        two namespaces never share pods (router.poolnames resolves clients' names)."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
     def device(self) -> str:
         return "cuda" if self.gpus > 0 else "cpu"
 

@@ -52,7 +52,7 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     built = children.build_all(pool, context.config)
     kopf.adopt(built, owner=body)
     deployment = await _deployment(context, pool.namespace, pool.name)
-    beats = await _read_beats(context, pool.name)
+    beats = await _read_beats(context, pool.registry_name)
     current = _replicas(deployment)
     costs_set = await _protect_streams(context, pool, current, beats)
     actions = await applying.apply_all(context.kube, built)

@@ -13,7 +13,7 @@ import redis
 from starlette import requests, responses, staticfiles
 
 from asrpool.common import builds, protocol
-from asrpool.router import refusals, settings, streaming, uploads, views, wiring
+from asrpool.router import poolnames, refusals, settings, streaming, uploads, views, wiring
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
     async def stream(ws: fastapi.WebSocket, pool: str | None = None, d: wiring.Deps = Deps) -> None:
         await streaming.serve(ws, pool, d)
 
-    @app.websocket("/pools/{pool}" + protocol.STREAMING_PATH)
+    @app.websocket("/pools/{pool:path}" + protocol.STREAMING_PATH)
     async def pool_stream(ws: fastapi.WebSocket, pool: str, d: wiring.Deps = Deps) -> None:
         await streaming.serve(ws, pool, d)
 
@@ -54,11 +54,11 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
         return await uploads.transcribe(request, pool, d)
 
     @app.get(protocol.STREAMING_PATH, include_in_schema=False)
-    @app.get("/pools/{pool}" + protocol.STREAMING_PATH, include_in_schema=False)
+    @app.get("/pools/{pool:path}" + protocol.STREAMING_PATH, include_in_schema=False)
     async def upgrade_required() -> responses.Response:
         return responses.PlainTextResponse(protocol.UPGRADE_REQUIRED, status_code=426)
 
-    @app.post("/pools/{pool}" + protocol.STREAMING_PATH)
+    @app.post("/pools/{pool:path}" + protocol.STREAMING_PATH)
     async def pool_upload(
         request: requests.Request, pool: str, d: wiring.Deps = Deps
     ) -> responses.Response:
@@ -70,7 +70,8 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
 
     @app.get("/api/modules_info")
     async def modules_info(d: wiring.Deps = Deps) -> responses.Response:
-        return await _redis_view(d, lambda got: views.modules_info(got, d.config.default_pool))
+        default = poolnames.resolve(d.config.default_pool, d.config.pool_namespace)
+        return await _redis_view(d, lambda got: views.modules_info(got, default or ""))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:

@@ -30,6 +30,7 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
     ("--pod-token", {"help": "shared secret sent to pods in the asrpool-pod-token header"}),
     ("--default-pool", {"help": "pool for clients that name none"}),
+    ("--pool-namespace", {"help": "namespace of pools named without one (NAME = NAMESPACE/NAME)"}),
     (
         "--resume-grace-s",
         {"type": float, "help": "how long a dropped client may resume (match the pods')"},

@@ -6,16 +6,8 @@ A pure mapping, so every reason has one tested message, ``code`` and close code.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from asrpool.common import protocol
-
-# Kubernetes object names (the pool is a StreamingASRPool's name).
-_POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-
-
-def valid_pool(name: str) -> bool:
-    return bool(_POOL_NAME.fullmatch(name))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,8 @@ class RouterSettings(redis_clients.RedisCredentials):
     queue_timeout: float = pydantic.Field(default=0.0, ge=0.0, le=300.0)
     pod_token: str | None = None
     default_pool: str = registry.DEFAULT_POOL
+    # Bare pool names mean this namespace's pools (router.poolnames); none: as written.
+    pool_namespace: str | None = None
     router_id: str = pydantic.Field(default_factory=_router_id)
     # Router processes on one port (SO_REUSEPORT), sharing nothing but Redis; each
     # worker's router id is router_id-wN.

@@ -28,6 +28,7 @@ from asrpool.router import (
     frames,
     placing,
     pods,
+    poolnames,
     proxying,
     refusals,
     relaying,
@@ -76,9 +77,11 @@ def _extension_headers(token: tokens.ResumeToken, opened: pods.Opened) -> list[t
 async def _start(
     ws: starlette_ws.WebSocket, pool: str, key: auth.ApiKey, conn: str, deps: wiring.Deps
 ) -> None:
-    if not refusals.valid_pool(pool):
-        await refuse(ws, refusals.unknown_pool(pool), deps)
+    asked, resolved = pool, poolnames.resolve(pool, deps.config.pool_namespace)
+    if resolved is None:
+        await refuse(ws, refusals.unknown_pool(asked), deps)
         return
+    pool = resolved
     token = tokens.mint(tokens.new_session_id())
     request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
     started = time.perf_counter()

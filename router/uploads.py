@@ -17,7 +17,16 @@ import redis
 from starlette import requests, responses
 
 from asrpool.common import bodies, protocol
-from asrpool.router import admissions, placing, pods, refusals, streaming, tokens, wiring
+from asrpool.router import (
+    admissions,
+    placing,
+    pods,
+    poolnames,
+    refusals,
+    streaming,
+    tokens,
+    wiring,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +45,11 @@ async def transcribe(
         body = await bodies.read_limited(request, deps.config.max_upload_bytes)
     except bodies.TooLarge as exc:
         return _refused(413, str(exc))
-    pool = pool or deps.config.default_pool
-    if not refusals.valid_pool(pool):
-        return _refusal(refusals.unknown_pool(pool), deps)
+    asked = pool or deps.config.default_pool
+    resolved = poolnames.resolve(asked, deps.config.pool_namespace)
+    if resolved is None:
+        return _refusal(refusals.unknown_pool(asked), deps)
+    pool = resolved
     token = tokens.mint(tokens.new_session_id())
     ask = admissions.Request(pool, key.id, key.max_streams or 0, token, uuid.uuid4().hex)
     try:

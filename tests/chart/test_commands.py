@@ -80,6 +80,7 @@ def test_the_router_reads_its_rendered_command_and_environment(
     assert config.workers == values["workers"]
     assert config.port == container["ports"][0]["containerPort"]
     assert config.router_id == "from-metadata.name"
+    assert config.pool_namespace == rendering.NAMESPACE  # bare pool names: this namespace
 
 
 def test_the_router_probes_and_the_operator_redis_are_real(environ: Environ) -> None:
@@ -161,7 +162,7 @@ def test_the_server_pods_the_operator_builds_read_their_command_and_environment(
     check_fields(env, server_settings.ServerSettings)
     environ(env)
     loaded = server_settings.ServerSettings()
-    assert loaded.pool == "stt-first" and loaded.batch_size == 32
+    assert loaded.pool == "asr-system/stt-first" and loaded.batch_size == 32
     assert loaded.redis_url == config.server_redis_url
     assert loaded.pod_token == "secret-demo-asrpool-pod-token-token"
     assert {"ASRPOOL_MODEL_REVISION", "ASRPOOL_API_KEYS_FILE"} <= set(env)

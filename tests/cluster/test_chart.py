@@ -158,7 +158,7 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
     url = f"ws://{release.router}/api/asr-streaming?pool=stt"
     async with kyutai_client.paced_stream(url, WAIT, timeout=400) as stream:
         await eventually(lambda: slots_reported(2, 1), WAIT, period=1.0)
-        use = await redis_servers.used_slots(release.redis.url, "stt", REDIS_PASSWORD)
+        use = await redis_servers.used_slots(release.redis.url, f"{namespace}/stt", REDIS_PASSWORD)
         (busy,) = [pod for pod, used in use.items() if used]
         (idle,) = pod_names(cluster, namespace, "stt") - {busy}
 

@@ -57,7 +57,8 @@ async def created(cluster: emulator.Cluster, **spec: Any) -> dict[str, dict[str,
     return await eventually(lambda: children_of(cluster))
 
 
-async def beat(url: str, pod: str, total: int, free: int, pool: str = "stt") -> None:
+async def beat(url: str, pod: str, total: int, free: int,
+               pool: str = f"{NAMESPACE}/stt") -> None:
     client = aioredis.Redis.from_url(url)
     try:
         await registry.write_heartbeat(client, registry.PodHeartbeat(

@@ -69,7 +69,7 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
     assert config_map["data"] == {
         "ASRPOOL_MODEL": "kyutai/stt-2.6b-en", "ASRPOOL_MODEL_REVISION": "v1",
         "ASRPOOL_BATCH_SIZE": "8", "ASRPOOL_CONTEXT": "750", "ASRPOOL_DEVICE": "cuda",
-        "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "stt",
+        "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
         "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_DRAIN_GRACE_SECONDS": "60"}
 
 

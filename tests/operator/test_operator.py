@@ -28,7 +28,7 @@ async def test_a_new_pool_gets_its_children_owned_by_it(
         assert owner["kind"] == "StreamingASRPool" and owner["controller"] is True
         assert child["metadata"]["labels"][naming.POOL_LABEL] == "stt"
     assert found["deployments"]["spec"]["replicas"] == 3
-    assert found["configmaps"]["data"]["ASRPOOL_POOL"] == "stt"
+    assert found["configmaps"]["data"]["ASRPOOL_POOL"] == f"{NS}/stt"  # registry: ns/name
     await eventually(lambda: cluster.events(NS, "Created")[3])
 
 

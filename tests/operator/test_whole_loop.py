@@ -42,7 +42,8 @@ def router(redis_server: redis_servers.RedisServer, tmp_path: Path) -> Iterator[
     log = (tmp_path / "router.log").open("ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "asrpool.cli", "route", "--redis-url", redis_server.url,
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+         "--pool-namespace", NS],  # as the chart sets it
         stdout=log, stderr=subprocess.STDOUT)
     try:
         yield f"127.0.0.1:{port}"
@@ -94,7 +95,7 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
     url = f"ws://{router}/api/asr-streaming?pool=stt"
     async with kyutai_client.paced_stream(url, WAIT, timeout=200) as stream:
         await eventually(lambda: serving(2, 1), WAIT)
-        use = await redis_servers.used_slots(redis_server.url, "stt")
+        use = await redis_servers.used_slots(redis_server.url, f"{NS}/stt")
         (busy,) = [pod for pod, used in use.items() if used]
         (idle,) = set(pods.running) - {busy}
 

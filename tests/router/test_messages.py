@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from asrpool.router import admissions, placing, refusals, tokens
+from asrpool.router import admissions, placing, poolnames, tokens
 
 
 def test_a_minted_token_parses_back_and_hashes_stably() -> None:
@@ -43,7 +43,10 @@ def test_every_refusal_is_a_kyutai_error_frame(reason: admissions.Reason) -> Non
     assert 1000 <= refusal.close_code < 1016 and refusal.close_code not in (1005, 1006)
 
 
-def test_pool_names_are_kubernetes_names() -> None:
-    assert refusals.valid_pool("default") and refusals.valid_pool("stt-en.v2")
-    for bad in ("", "A", "-a", "a-", "a:b", "a" * 254, "a b", "a/b"):
-        assert not refusals.valid_pool(bad)
+def test_pool_names_are_kubernetes_names_scoped_by_namespace() -> None:
+    assert poolnames.resolve("default", None) == "default"
+    assert poolnames.resolve("stt-en.v2", "speech") == "speech/stt-en.v2"
+    assert poolnames.resolve("team-b/stt", "speech") == "team-b/stt"
+    for bad in ("", "A", "-a", "a-", "a:b", "a" * 254, "a b", "/a", "a/", "a/b/c", "a.b/c",
+                "x" * 64 + "/a"):
+        assert poolnames.resolve(bad, "speech") is None, bad

@@ -402,3 +402,34 @@ def _rss(router: support.RouterProcess) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+async def test_pools_of_one_name_in_two_namespaces_never_mix(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The operator registers pods as ``namespace/name``; a bare name means the router's
+    namespace, ``namespace/name`` (query or path) any other."""
+    ours = support.pod(redis_server.url, tmp_path, "ours", 1, "speech/stt")
+    theirs = support.pod(redis_server.url, tmp_path, "theirs", 1, "team-b/stt")
+    router = support.router(redis_server.url, tmp_path, "--pool-namespace", "speech",
+                            "--default-pool", "stt")
+    with running(ours, theirs, router):
+        wait_for_pods(router, 1, "speech/stt")
+        wait_for_pods(router, 1, "team-b/stt")
+        base = f"ws://127.0.0.1:{router.port}"
+        for url, busy, idle in [
+            (router.ws_url, ours, theirs),  # the default pool, in the router's namespace
+            (router.ws_url + "?pool=stt", ours, theirs),
+            (router.ws_url + "?pool=team-b/stt", theirs, ours),
+            (f"{base}/pools/team-b/stt/api/asr-streaming", theirs, ours),
+        ]:
+            opened = await support.connect(url)
+            assert (await support.first_message(opened.ws))["type"] == "Ready", url
+            assert (busy.modules_info()["used_slots"], idle.modules_info()["used_slots"]) \
+                == (1, 0), url
+            await opened.ws.close()
+            busy.wait_idle()
+        opened = await support.connect(router.ws_url + "?pool=team-c/stt")
+        refused = await support.first_message(opened.ws)
+        assert (refused["type"], refused["code"]) == ("Error", "unknown_pool")
+        assert "team-c/stt" in refused["message"]
