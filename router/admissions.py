@@ -16,7 +16,10 @@ import redis.asyncio as aioredis
 
 from asrpool.router import scripts, settings, tokens
 
-Reason = Literal["busy", "unknown_pool", "key_limit", "bad_resume_token", "pod_gone"]
+Reason = Literal[
+    "busy", "unknown_pool", "key_limit", "queue_full", "key_queue_full", "bad_resume_token",
+    "pod_gone",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +109,8 @@ class Admissions:
             token_sha=request.token.sha256,
             conn=request.conn,
             pending_ms=c.pending_ms,
+            queue_max=c.queue_max,
+            queue_max_per_key=c.queue_max_per_key,
         )
         reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
         if reply.outcome != "ok":
@@ -122,8 +127,8 @@ class Admissions:
             started_ms=reply.now_ms,
         )
 
-    async def leave_queue(self, pool: str, ticket: str) -> None:
-        await self._leave(args=[pool, ticket])
+    async def leave_queue(self, request: Request, ticket: str) -> None:
+        await self._leave(args=scripts.LeaveArgs(request.pool, ticket, request.key_id).argv())
 
     async def attach(self, session: Session) -> bool:
         """The pod accepted: record what it said (its own ids, for a resume)."""

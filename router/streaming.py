@@ -82,13 +82,29 @@ async def _start(
     token = tokens.mint(tokens.new_session_id())
     request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
     started = time.perf_counter()
-    placed = await _placed_or_unavailable(placing.place(request, deps), "admit", deps)
+    gone = asyncio.Event()
+    watching = asyncio.create_task(_watch_departure(ws, gone))
+    try:
+        placed = await _placed_or_unavailable(placing.place(request, deps, gone), "admit", deps)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)
         return
     deps.meters.admission_seconds.observe(time.perf_counter() - started)
     deps.meters.admissions.labels(pool, "new").inc()
     await run(ws, token, placed[0], placed[1], deps)
+
+
+async def _watch_departure(ws: starlette_ws.WebSocket, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client disconnects before its upgrade (it sends nothing
+    until the 101, so the next event is its disconnect)."""
+    if ws.client_state == starlette_ws.WebSocketState.CONNECTING:
+        await ws.receive()  # the connect event, which the accept would read otherwise
+    while (await ws.receive())["type"] != "websocket.disconnect":
+        pass
+    gone.set()
 
 
 async def _placed_or_unavailable(
@@ -123,7 +139,8 @@ async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wi
     """Upgrade (if not done yet), then the ``Error`` and a close, as Kyutai's server does."""
     deps.meters.rejections.labels(refusal.code).inc()
     if ws.application_state == starlette_ws.WebSocketState.CONNECTING:
-        with contextlib.suppress(starlette_ws.WebSocketDisconnect):
+        # uvicorn raises its ClientDisconnected (an OSError) for a client gone already
+        with contextlib.suppress(starlette_ws.WebSocketDisconnect, OSError):
             await ws.accept()
     await tell(ws, refusal)
 
@@ -152,7 +169,7 @@ async def run(
     """Upgrade with the session's headers, relay (the pod's Ready first), settle."""
     try:
         await ws.accept(headers=_extension_headers(token, opened))
-    except starlette_ws.WebSocketDisconnect:
+    except (starlette_ws.WebSocketDisconnect, OSError):  # the client left (ClientDisconnected)
         await opened.link.close()  # a clean end: the pod frees the slot
         await _settle(session, False, deps)
         return
