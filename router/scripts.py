@@ -267,6 +267,48 @@ return 1
 """
 )
 
+class KeepDetachedArgs(NamedTuple):
+    """KEEP_DETACHED's ARGV, in order; the record's field/value pairs follow when the
+    record is to be written back."""
+
+    sid: str
+    router: str
+    remaining_ms: int  # of the resume grace
+    pod: str
+    key_id: str
+
+    def argv(self) -> list[str | int]:
+        return list(self)
+
+
+# The router that detached a session keeps its record for the resume grace: a record
+# that Redis lost (a restart) is written back, detached, for the rest of the grace, so
+# the client can still resume. Returns 1: kept; 0: resumed (claimed by a connection),
+# released or claimed by another router: no longer this router's to keep; 3: lost,
+# asked without the fields (send them).
+KEEP_DETACHED = (
+    _PRELUDE
+    + """
+local sid, remaining = ARGV[1], tonumber(ARGV[3])
+local skey = P .. ':session:' .. sid
+if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end
+local h = redis.call('HMGET', skey, 'state', 'router', 'conn')
+if h[1] then
+  if h[1] ~= 'detached' or h[2] ~= ARGV[2] or h[3] ~= '' then return 0 end
+  return 1
+end
+if #ARGV == 5 then return 3 end
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', skey, unpack(fields))
+redis.call('HSET', skey, 'conn', '', 'state', 'detached')
+redis.call('PEXPIRE', skey, remaining)
+hold(ARGV[4], ARGV[5], now + remaining, sid)
+return 1
+"""
+)
+
+
 # Claim a session to resume it. ARGV: sid, token_sha, key_id, conn, hold_ms, router
 # Returns {'ok', pod, address, pod_resume_token, pool, started_ms} | {'bad_token'} | {'pod_gone'}
 RESUME = (

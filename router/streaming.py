@@ -221,6 +221,8 @@ async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) 
     except redis.RedisError as exc:
         deps.meters.redis_errors.labels("release").inc()
         log.warning("session %s not settled in Redis (its lease will): %s", session.session_id, exc)
+    if detach:  # kept (and rebuilt after a Redis restart) until its resume grace ends
+        deps.sessions.hold_detached(session, time.monotonic() + deps.config.resume_grace_s)
 
 
 def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) -> None:

@@ -9,11 +9,13 @@ import base64
 import os
 from pathlib import Path
 
+import numpy as np
 import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
 
 from asrpool.common import protocol
 from tests.router import support
-from tests.support import servers
+from tests.support import kyutai_client, servers
 from tests.support.redis_servers import RedisServer
 
 
@@ -141,3 +143,52 @@ async def test_a_client_that_leaves_while_its_pod_link_opens_leaves_nothing(
             router.kill()
             proxy.close()
     assert "Traceback" not in router.log()
+
+
+async def test_a_detached_stream_is_resumable_after_a_redis_restart(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A client drops (resumable), Redis restarts empty: the router that held the stream
+    writes its record back, and the client resumes through the router, on its pod, from
+    where the pod had got to. (The record was lost: bad_resume_token while the pod still
+    held the slot.)"""
+    grace = "20"  # ample for a restart on a busy machine (the pods' default is 30 s)
+    pod = support.pod(redis_server.url, tmp_path, "keeps", 1, "default",
+                      "--resume-grace-seconds", grace)
+    router = support.router(redis_server.url, tmp_path, "--resume-grace-s", grace)
+    with pod:
+        await asyncio.to_thread(pod.wait_ready)
+        await asyncio.to_thread(router.start)
+        try:
+            opened = await support.connect(router.ws_url, {protocol.RESUMABLE_HEADER: "1"})
+            assert (await support.first_message(opened.ws))["type"] == "Ready"
+            await opened.ws.send(kyutai_client.audio(np.zeros(1920 * 3, dtype=np.float32)))
+            await asyncio.sleep(0.5)  # for the pod to take the audio in
+            opened.ws.transport.abort()
+            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
+                                           10, "the session to be detached")
+            redis_server.kill()
+            redis_server.start()
+            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
+                                           10, "the record to be written back")
+            again = await support.connect(
+                router.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token})
+            first = await support.first_message(again.ws)
+            assert first["type"] == "Ready", first
+            assert again.session_id == opened.session_id
+            assert again.ws.response is not None
+            assert again.ws.response.headers[protocol.RESUME_OFFSET_HEADER] == str(1920 * 3)
+            await again.ws.close()
+            await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
+        finally:
+            router.kill()
+
+
+async def _detached(redis_server: RedisServer, sid: str) -> bool:
+    redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        return bool(await redis.hget(f"asrpool:session:{sid}", "state") == "detached")
+    except redis_errors.ConnectionError:
+        return False
+    finally:
+        await redis.aclose()

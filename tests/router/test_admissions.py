@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -312,3 +313,41 @@ async def test_the_queue_is_bounded_and_so_is_each_keys_share_of_it(
     await s.leave_queue(k, "k1")  # gone at once, its key's share with it
     assert await s.admit(k, ticket="k2") == admissions.Refused("busy", 1)
     assert await redis.zrange(keys.pool_queue("default"), 0, -1) == ["j1", "k2"]
+
+
+async def test_a_detached_session_survives_a_redis_restart(redis_server: RedisServer) -> None:
+    """The router that detached a session writes its record back when Redis comes back
+    empty, detached for the rest of its grace, so the client can still resume; once
+    resumed, it is no longer that router's to keep."""
+    redis = wiring.connect_redis(support.config(redis_server.url))  # the router's own client
+    await support.beat(redis, "a", total=2)
+    s = store(redis, redis_server.url, resume_grace_s=30)
+    req = request(key_id="team")
+    held = await s.admit(req)
+    assert isinstance(held, admissions.Session)
+    held.pod_resume_token = "pod-token"
+    await s.attach(held)
+    await s.detach(held)
+    kept = admissions.Sessions()
+    kept.hold_detached(held, until=time.monotonic() + 30)
+    detached = kept.detached(time.monotonic())
+    assert await s.keep_detached(detached) == [True]
+    redis_server.kill()
+    redis_server.start()
+    await support.async_wait_until(lambda: _kept(s, detached), 5, "the record written back")
+    await support.beat(redis, "a", total=2)  # the pod's heartbeat refills its own keys
+    record = await redis.hgetall(keys.session(held.session_id))
+    assert (record["state"], record["conn"], record["pod"]) == ("detached", "", "a")
+    assert 0 < await redis.pttl(keys.session(held.session_id)) <= 30_000
+    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    resumed = await s.resume(admissions.Request("", "team", 0, req.token, "c2"))
+    assert isinstance(resumed, admissions.Session) and resumed.pod_resume_token == "pod-token"
+    assert await s.keep_detached(detached) == [False]
+    await redis.aclose()
+
+
+async def _kept(s: admissions.Admissions, detached: list[admissions.Detached]) -> bool:
+    try:
+        return await s.keep_detached(detached) == [True]
+    except redis_errors.ConnectionError:
+        return False
