@@ -170,8 +170,7 @@ async def run(
     try:
         await ws.accept(headers=_extension_headers(token, opened))
     except (starlette_ws.WebSocketDisconnect, OSError):  # the client left (ClientDisconnected)
-        await opened.link.close()  # a clean end: the pod frees the slot
-        await _settle(session, False, deps)
+        await _left_before_upgrade(ws, session, opened, deps)
         return
     # Taken right after the accept: uvicorn wrote the 101 without yielding to the loop.
     relay = relaying.Relay(
@@ -189,6 +188,22 @@ async def run(
         deps.sessions.discard(session)
         deps.meters.sessions_open.dec()
     await finish(ws, relay, session, opened, end, deps)
+
+
+async def _left_before_upgrade(
+    ws: starlette_ws.WebSocket, session: admissions.Session, opened: pods.Opened,
+    deps: wiring.Deps,
+) -> None:
+    """A resuming client (it holds the token) that left before its 101 may try again:
+    the link is dropped (the pod keeps the stream) and the session detached. A new
+    stream's client never got a token: the link is closed (the pod frees the slot at
+    once) and the session released."""
+    resuming = bool(ws.headers.get(protocol.RESUME_TOKEN_HEADER))
+    if resuming:
+        opened.link.abort()
+    else:
+        await opened.link.close()
+    await _settle(session, resuming, deps)
 
 
 async def finish(

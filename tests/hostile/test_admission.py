@@ -19,14 +19,14 @@ from tests.support import kyutai_client, servers
 from tests.support.redis_servers import RedisServer
 
 
-async def _upgrade(port: int) -> asyncio.StreamWriter:
+async def _upgrade(port: int, *headers: str) -> asyncio.StreamWriter:
     """A client's upgrade request, sent; it leaves with ``transport.abort()``."""
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     key = base64.b64encode(os.urandom(16)).decode()
     writer.write("\r\n".join([
         f"GET {protocol.STREAMING_PATH} HTTP/1.1", f"Host: 127.0.0.1:{port}",
         "Upgrade: websocket", "Connection: Upgrade", f"Sec-WebSocket-Key: {key}",
-        "Sec-WebSocket-Version: 13", "", ""]).encode())
+        "Sec-WebSocket-Version: 13", *headers, "", ""]).encode())
     await writer.drain()
     return writer
 
@@ -192,3 +192,47 @@ async def _detached(redis_server: RedisServer, sid: str) -> bool:
         return False
     finally:
         await redis.aclose()
+
+
+async def test_a_client_that_leaves_during_its_resume_can_resume_again(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A resuming client that drops before its 101 still holds its token: the stream
+    stays held (detached), and the next resume gets it. (The router used to close the
+    pod link and release the session: the stream was gone.)"""
+    proxy = GatedProxy()
+    proxy_port = await proxy.start()
+    pod = support.pod(redis_server.url, tmp_path, "gated", 1, "default",
+                      "--advertise-address", f"127.0.0.1:{proxy_port}",
+                      "--resume-grace-seconds", "20")
+    proxy.target = pod.port
+    router = support.router(redis_server.url, tmp_path, "--resume-grace-s", "20")
+    with pod:
+        await asyncio.to_thread(pod.wait_ready)
+        await asyncio.to_thread(router.start)
+        try:
+            proxy.gate.set()
+            opened = await support.connect(router.ws_url, {protocol.RESUMABLE_HEADER: "1"})
+            assert (await support.first_message(opened.ws))["type"] == "Ready"
+            opened.ws.transport.abort()
+            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
+                                           10, "the session to be detached")
+            proxy.gate.clear()
+            proxy.answered.clear()
+            client = await _upgrade(router.port,
+                                    f"{protocol.RESUME_TOKEN_HEADER}: {opened.resume_token}")
+            await asyncio.wait_for(proxy.answered.wait(), 30)  # the pod gave it back
+            client.transport.abort()
+            await asyncio.sleep(0.3)
+            proxy.gate.set()  # the router gets the pod's Ready, its accept fails
+            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
+                                           10, "the session to be detached again")
+            again = await support.connect(
+                router.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token})
+            assert (await support.first_message(again.ws))["type"] == "Ready"
+            assert again.session_id == opened.session_id
+            await again.ws.close()
+            await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
+        finally:
+            router.kill()
+            proxy.close()
