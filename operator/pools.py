@@ -125,9 +125,21 @@ def check(pool: Pool) -> None:
             f" most {MAX_NAME_LENGTH} so that their children's names and labels fit"
         )
     _check_autoscaling(pool)
+    _check_auth(pool)
     _check_gpu_budget(pool, pool.slots, "spec.slots")
     if pool.autoscaling.enabled:
         _check_gpu_budget(pool, pool.autoscaling.max_slots, "spec.autoscaling.maxSlots")
+
+
+def _check_auth(pool: Pool) -> None:
+    """Pods with API keys let in a router only by its pod token: the router checks the
+    client's key and never forwards it."""
+    if pool.api_keys is not None and pool.pod_token is None:
+        raise InvalidPool(
+            "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret (the routers' token):"
+            " the router checks API keys and its streams reach keyed pods only with the"
+            " token, so without it every client would be refused"
+        )
 
 
 def _check_autoscaling(pool: Pool) -> None:

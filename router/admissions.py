@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
 from asrpool.router import scripts, settings, tokens
 
-Reason = Literal["busy", "unknown_pool", "key_limit", "bad_resume_token", "pod_gone"]
+Reason = Literal[
+    "busy", "unknown_pool", "key_limit", "queue_full", "key_queue_full", "bad_resume_token",
+    "pod_gone",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,7 @@ class Admissions:
         self._release = redis.register_script(scripts.RELEASE)
         self._detach = redis.register_script(scripts.DETACH)
         self._resume = redis.register_script(scripts.RESUME)
+        self._keep_detached = redis.register_script(scripts.KEEP_DETACHED)
 
     async def admit(
         self, request: Request, exclude: Iterable[str] = (), ticket: str = ""
@@ -106,6 +110,8 @@ class Admissions:
             token_sha=request.token.sha256,
             conn=request.conn,
             pending_ms=c.pending_ms,
+            queue_max=c.queue_max,
+            queue_max_per_key=c.queue_max_per_key,
         )
         reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
         if reply.outcome != "ok":
@@ -122,8 +128,8 @@ class Admissions:
             started_ms=reply.now_ms,
         )
 
-    async def leave_queue(self, pool: str, ticket: str) -> None:
-        await self._leave(args=[pool, ticket])
+    async def leave_queue(self, request: Request, ticket: str) -> None:
+        await self._leave(args=scripts.LeaveArgs(request.pool, ticket, request.key_id).argv())
 
     async def attach(self, session: Session) -> bool:
         """The pod accepted: record what it said (its own ids, for a resume)."""
@@ -184,13 +190,7 @@ class Admissions:
         """Extend every lease in one round trip (a second one rebuilds the records that
         Redis lost: only then are their fields sent). Says, session by session, whether
         its pod's heartbeat is still there."""
-        held = list(sessions)
-        replies = await self._renew_all(held, whole=False)
-        lost = [i for i, reply in enumerate(replies) if reply == 3]
-        if lost:
-            for i, reply in zip(lost, await self._renew_all([held[i] for i in lost], True),
-                                strict=True):
-                replies[i] = reply
+        replies = await _rebuilding_lost(list(sessions), self._renew_all)
         return [reply != 2 for reply in replies]
 
     async def _renew_all(self, sessions: list[Session], whole: bool) -> list[Any]:
@@ -201,12 +201,63 @@ class Admissions:
                 await self._renew(args=[*args, *s.fields()] if whole else args, client=pipe)
             return list(await pipe.execute())
 
+    async def keep_detached(self, held: list[Detached]) -> list[bool]:
+        """Keep the records of sessions this router detached (rebuilding those Redis
+        lost, for the rest of their grace); says which are still this router's to keep."""
+        return [reply == 1 for reply in await _rebuilding_lost(held, self._keep_all)]
+
+    async def _keep_all(self, held: list[Detached], whole: bool) -> list[Any]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for d in held:
+                s = d.session
+                args = scripts.KeepDetachedArgs(
+                    s.session_id, s.router, d.remaining_ms, s.pod_id, s.key_id).argv()
+                await self._keep_detached(args=[*args, *s.fields()] if whole else args,
+                                          client=pipe)
+            return list(await pipe.execute())
+
+
+async def _rebuilding_lost(
+    items: list[Any], run: Callable[[list[Any], bool], Awaitable[list[Any]]]
+) -> list[Any]:
+    """``run`` over ``items`` without their records, then again with the records for
+    those whose record Redis had lost (reply 3)."""
+    replies = await run(items, False)
+    lost = [i for i, reply in enumerate(replies) if reply == 3]
+    if lost:
+        for i, reply in zip(lost, await run([items[i] for i in lost], True), strict=True):
+            replies[i] = reply
+    return replies
+
+
+@dataclasses.dataclass(frozen=True)
+class Detached:
+    """A session this router detached, kept for the rest of its resume grace."""
+
+    session: Session
+    remaining_ms: int
+
 
 class Sessions:
-    """The sessions this router holds, renewed together by :func:`leasing.renew_forever`."""
+    """The sessions this router holds, renewed together by :func:`leasing.renew_forever`,
+    and those it detached, kept until their resume grace ends (monotonic deadlines)."""
 
     def __init__(self) -> None:
         self._open: dict[str, Session] = {}
+        self._detached: dict[str, tuple[Session, float]] = {}
+
+    def hold_detached(self, session: Session, until: float) -> None:
+        self._detached[session.session_id] = (session, until)
+
+    def drop_detached(self, session: Session) -> None:
+        self._detached.pop(session.session_id, None)
+
+    def detached(self, now: float) -> list[Detached]:
+        """The detached sessions whose grace has not ended at ``now`` (the rest are
+        forgotten)."""
+        for sid in [sid for sid, (_, until) in self._detached.items() if until <= now]:
+            del self._detached[sid]
+        return [Detached(s, int((until - now) * 1000)) for s, until in self._detached.values()]
 
     def add(self, session: Session) -> None:
         self._open[session.conn] = session

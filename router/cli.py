@@ -28,6 +28,11 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "--queue-timeout",
         {"type": float, "help": "seconds to wait for a free slot (0: refuse at once)"},
     ),
+    ("--queue-max", {"type": int, "help": "waiters one pool's queue holds at most"}),
+    (
+        "--queue-max-per-key",
+        {"type": int, "help": "waiters of one API key in a pool's queue at most (0: any)"},
+    ),
     ("--pod-token", {"help": "shared secret sent to pods in the asrpool-pod-token header"}),
     ("--default-pool", {"help": "pool for clients that name none"}),
     ("--pool-namespace", {"help": "namespace of pools named without one (NAME = NAMESPACE/NAME)"}),

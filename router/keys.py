@@ -8,8 +8,11 @@
 | ``asrpool:apikey:{key}:sessions`` | zset | session ids of one API key, scored by lease deadline |
 | ``asrpool:pool:{pool}:queue`` | zset | waiting tickets, scored by arrival order |
 | ``asrpool:pool:{pool}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
+| ``asrpool:pool:{pool}:queue:key:{key}`` | zset | one key's waiting tickets, by lease deadline |
+| ``asrpool:pool:{pool}:queue:seq`` | counter | the last arrival number given |
 
-The zsets carry a TTL as long as their last member counts, so the keys of dead pods
+The zsets carry a TTL as long as their last member counts (the queue and its counter as
+long as their last waiter polls), so the keys of dead pods
 and idle API keys vanish by themselves. The Lua scripts build the same names from the
 same prefix; keep both in step.
 """

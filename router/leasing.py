@@ -2,13 +2,15 @@
 
 Both tolerate a Redis outage: they log, count the error and try again next period, so
 open streams never depend on Redis being up. Renewal also rebuilds the records of a
-Redis that came back empty.
+Redis that came back empty, those of the sessions this router detached (held by their
+pods for a resume) included, until their resume grace ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import redis
 import redis.asyncio as aioredis
@@ -42,6 +44,26 @@ async def renew_forever(
                 break
             for session, pod_alive in zip(batch, alive, strict=True):
                 note_heartbeat(session, pod_alive, config)
+        await keep_detached(store, sessions, meters)
+
+
+async def keep_detached(
+    store: admissions.Admissions, sessions: admissions.Sessions, meters: metrics.Metrics
+) -> None:
+    """Keep the records of the sessions this router detached until their grace ends
+    (a Redis restart would make them unresumable while their pod holds them)."""
+    held = sessions.detached(time.monotonic())
+    for start in range(0, len(held), RENEW_BATCH):
+        batch = held[start : start + RENEW_BATCH]
+        try:
+            kept = await store.keep_detached(batch)
+        except redis.RedisError as exc:
+            meters.redis_errors.labels("renew").inc()
+            log.warning("cannot keep %d detached sessions: %s", len(held), exc)
+            return
+        for d, still in zip(batch, kept, strict=True):
+            if not still:  # resumed, or released: no longer this router's
+                sessions.drop_detached(d.session)
 
 
 def note_heartbeat(

@@ -9,6 +9,7 @@ pool is waited on (first come, first served across routers) until the deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -16,18 +17,24 @@ import uuid
 import redis
 
 from asrpool.common import protocol
-from asrpool.router import admissions, pods, refusals, wiring
+from asrpool.router import admissions, pods, refusals, settings, wiring
 
 log = logging.getLogger(__name__)
 
 Placed = tuple[admissions.Session, pods.Opened]
 
 
-def refusal_for(refused: admissions.Refused, request: admissions.Request) -> refusals.Refusal:
+def refusal_for(
+    refused: admissions.Refused, request: admissions.Request, config: settings.RouterSettings
+) -> refusals.Refusal:
     if refused.reason == "unknown_pool":
         return refusals.unknown_pool(request.pool)
     if refused.reason == "key_limit":
         return refusals.key_limit(request.key_id, request.key_limit)
+    if refused.reason == "queue_full":
+        return refusals.queue_full(config.queue_max)
+    if refused.reason == "key_queue_full":
+        return refusals.key_queue_full(request.key_id, config.queue_max_per_key)
     if refused.reason == "bad_resume_token":
         return refusals.bad_resume_token()
     if refused.reason == "pod_gone":
@@ -35,22 +42,32 @@ def refusal_for(refused: admissions.Refused, request: admissions.Request) -> ref
     return refusals.busy()
 
 
-async def place(request: admissions.Request, deps: wiring.Deps) -> Placed | refusals.Refusal:
-    """Raises :class:`redis.RedisError` when Redis cannot be reached."""
+async def place(
+    request: admissions.Request, deps: wiring.Deps, gone: asyncio.Event | None = None
+) -> Placed | refusals.Refusal:
+    """Raises :class:`redis.RedisError` when Redis cannot be reached. ``gone`` is set
+    when the client leaves: from then on nothing more is reserved or dialled, and what
+    was is given back (its queue ticket, its reservation, its pod link)."""
     config = deps.config
+    gone = gone or asyncio.Event()
     ticket = uuid.uuid4().hex if config.queue_timeout > 0 else ""
     deadline = time.monotonic() + config.queue_timeout
     tried: list[str] = []
-    while True:
+    while not gone.is_set():
         got = await deps.admissions.admit(request, tried, ticket)
         if isinstance(got, admissions.Refused):
             if got.reason == "busy" and ticket and time.monotonic() < deadline:
-                await asyncio.sleep(config.queue_poll_s)
+                await _wait(gone, config.queue_poll_s)
                 continue
             if ticket:
-                await deps.admissions.leave_queue(request.pool, ticket)
-            return refusal_for(got, request)
+                await deps.admissions.leave_queue(request, ticket)
+            return refusal_for(got, request, deps.config)
+        # The dial is not cancelled when the client leaves meanwhile (it is bounded by
+        # pod_connect_timeout_s): a link dropped half open would leave the pod holding
+        # the slot for a resume; a link closed cleanly frees it at once.
         outcome = await pods.open_stream(got.address, config)
+        if gone.is_set():
+            return await _give_back(got, outcome, deps)
         if isinstance(outcome, pods.Opened):
             await attach(got, outcome, deps)
             return got, outcome
@@ -59,6 +76,24 @@ async def place(request: admissions.Request, deps: wiring.Deps) -> Placed | refu
         tried.append(got.pod_id)
         if len(tried) >= config.pod_attempts:
             return refusals.busy()
+    if ticket:
+        await deps.admissions.leave_queue(request, ticket)
+    return refusals.client_left()
+
+
+async def _give_back(
+    session: admissions.Session, outcome: pods.Outcome, deps: wiring.Deps
+) -> refusals.Refusal:
+    """The client left while its stream was being opened: close the pod link, release."""
+    if isinstance(outcome, pods.Opened):
+        await outcome.link.close()
+    await deps.admissions.release(session)
+    return refusals.client_left()
+
+
+async def _wait(gone: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(gone.wait(), seconds)
 
 
 async def attach(session: admissions.Session, opened: pods.Opened, deps: wiring.Deps) -> None:
@@ -77,7 +112,7 @@ async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | ref
     """Reattach to the pod that holds the session. Raises :class:`redis.RedisError`."""
     got = await deps.admissions.resume(request)
     if isinstance(got, admissions.Refused):
-        return refusal_for(got, request)
+        return refusal_for(got, request, deps.config)
     outcome = await pods.open_stream(got.address, deps.config, got.pod_resume_token)
     if isinstance(outcome, pods.Opened):
         await attach(got, outcome, deps)

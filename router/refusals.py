@@ -36,6 +36,27 @@ def key_limit(key_id: str, limit: int) -> Refusal:
     )
 
 
+def queue_full(limit: int) -> Refusal:
+    return Refusal(
+        "queue_full",
+        f"no free channels and the wait queue is full ({limit} waiting); try again later",
+        protocol.CloseCode.TRY_AGAIN,
+    )
+
+
+def key_queue_full(key_id: str, limit: int) -> Refusal:
+    return Refusal(
+        "key_queue_full",
+        f"API key {key_id!r} already has {limit} streams waiting for a channel",
+        protocol.CloseCode.TRY_AGAIN,
+    )
+
+
+def client_left() -> Refusal:
+    """Nobody to tell: the client left during its admission (for the metrics)."""
+    return Refusal("client_left", "the client left during admission", protocol.CloseCode.NORMAL)
+
+
 def bad_resume_token() -> Refusal:
     return Refusal("bad_resume_token", "unknown or expired resume token", protocol.CloseCode.POLICY)
 

@@ -48,7 +48,7 @@ end
 """
 
 class AdmitArgs(NamedTuple):
-    """ADMIT's ARGV, in order (the Lua reads ARGV[1..13] by these positions)."""
+    """ADMIT's ARGV, in order (the Lua reads ARGV[1..15] by these positions)."""
 
     pool: str
     sid: str
@@ -63,6 +63,8 @@ class AdmitArgs(NamedTuple):
     token_sha: str
     conn: str
     pending_ms: int  # how long a reservation counts before the pod has accepted it
+    queue_max: int  # waiters a pool's queue holds at most (a new one beyond: queue_full)
+    queue_max_per_key: int  # waiters of one API key at most (beyond: key_queue_full); 0: any
 
     def argv(self) -> list[str | int]:
         return list(self)
@@ -70,7 +72,7 @@ class AdmitArgs(NamedTuple):
 
 class AdmitReply(NamedTuple):
     """ADMIT's reply: {'ok', pod_id, address, now_ms} | {'busy', rank} |
-    {'unknown_pool'} | {'key_limit'}."""
+    {'unknown_pool'} | {'key_limit'} | {'queue_full'} | {'key_queue_full'}."""
 
     outcome: str
     pod_id: str = ""
@@ -130,14 +132,23 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
   redis.call('ZREM', queue, gone)
   redis.call('ZREM', leases, gone)
 end
+local key_queue = queue .. ':key:' .. key_id
 local rank
 if ticket ~= '' then
   if not redis.call('ZSCORE', queue, ticket) then
+    if redis.call('ZCARD', queue) >= tonumber(ARGV[14]) then return {'queue_full'} end
+    if key_id ~= '' and tonumber(ARGV[15]) > 0 then
+      redis.call('ZREMRANGEBYSCORE', key_queue, '-inf', now)
+      if redis.call('ZCARD', key_queue) >= tonumber(ARGV[15]) then return {'key_queue_full'} end
+    end
     redis.call('ZADD', queue, redis.call('INCR', queue .. ':seq'), ticket)
-    keep(queue .. ':seq', ticket_lease_ms)
-    keep(queue, ticket_lease_ms)
   end
+  -- every poll keeps the queue and its counter alive: a queue (or counter) that expired
+  -- under waiting tickets would number them again in the order of their next polls
   count(leases, now + ticket_lease_ms, ticket)
+  keep(queue, ticket_lease_ms)
+  keep(queue .. ':seq', ticket_lease_ms)
+  if key_id ~= '' then count(key_queue, now + ticket_lease_ms, ticket) end
   rank = redis.call('ZRANK', queue, ticket)
 else
   rank = redis.call('ZCARD', queue)
@@ -146,6 +157,7 @@ if best == nil or rank >= free_total then return {'busy', tostring(rank)} end
 if ticket ~= '' then
   redis.call('ZREM', queue, ticket)
   redis.call('ZREM', leases, ticket)
+  redis.call('ZREM', key_queue, ticket)
 end
 
 hold(best.id, key_id, now + tonumber(ARGV[13]), sid)
@@ -158,11 +170,24 @@ return {'ok', best.id, best.address, tostring(now)}
 """
 )
 
-# Leave the wait queue. ARGV: pool, ticket
+class LeaveArgs(NamedTuple):
+    """LEAVE_QUEUE's ARGV, in order."""
+
+    pool: str
+    ticket: str
+    key_id: str
+
+    def argv(self) -> list[str | int]:
+        return list(self)
+
+
+# Leave the wait queue (a waiter gave up, or its client left): at once, so that no
+# one behind it waits for a ticket nobody will use.
 LEAVE_QUEUE = _PRELUDE + """
 local queue = P .. ':pool:' .. ARGV[1] .. ':queue'
 redis.call('ZREM', queue, ARGV[2])
 redis.call('ZREM', queue .. ':leases', ARGV[2])
+redis.call('ZREM', queue .. ':key:' .. ARGV[3], ARGV[2])
 return 1
 """
 
@@ -241,6 +266,48 @@ hold(h[2], h[3], until_ms, ARGV[1])
 return 1
 """
 )
+
+class KeepDetachedArgs(NamedTuple):
+    """KEEP_DETACHED's ARGV, in order; the record's field/value pairs follow when the
+    record is to be written back."""
+
+    sid: str
+    router: str
+    remaining_ms: int  # of the resume grace
+    pod: str
+    key_id: str
+
+    def argv(self) -> list[str | int]:
+        return list(self)
+
+
+# The router that detached a session keeps its record for the resume grace: a record
+# that Redis lost (a restart) is written back, detached, for the rest of the grace, so
+# the client can still resume. Returns 1: kept; 0: resumed (claimed by a connection),
+# released or claimed by another router: no longer this router's to keep; 3: lost,
+# asked without the fields (send them).
+KEEP_DETACHED = (
+    _PRELUDE
+    + """
+local sid, remaining = ARGV[1], tonumber(ARGV[3])
+local skey = P .. ':session:' .. sid
+if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end
+local h = redis.call('HMGET', skey, 'state', 'router', 'conn')
+if h[1] then
+  if h[1] ~= 'detached' or h[2] ~= ARGV[2] or h[3] ~= '' then return 0 end
+  return 1
+end
+if #ARGV == 5 then return 3 end
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', skey, unpack(fields))
+redis.call('HSET', skey, 'conn', '', 'state', 'detached')
+redis.call('PEXPIRE', skey, remaining)
+hold(ARGV[4], ARGV[5], now + remaining, sid)
+return 1
+"""
+)
+
 
 # Claim a session to resume it. ARGV: sid, token_sha, key_id, conn, hold_ms, router
 # Returns {'ok', pod, address, pod_resume_token, pool, started_ms} | {'bad_token'} | {'pod_gone'}

@@ -30,6 +30,11 @@ class RouterSettings(redis_clients.RedisCredentials):
     policy: policies.Policy = "pack"
     api_keys_file: Path | None = None
     queue_timeout: float = pydantic.Field(default=0.0, ge=0.0, le=300.0)
+    # The wait queue (with queue_timeout > 0) of each pool holds this many waiters at
+    # most, and this many of one API key (0: any number); a client beyond is refused
+    # at once (queue_full, key_queue_full) rather than queued.
+    queue_max: int = pydantic.Field(default=1000, ge=1)
+    queue_max_per_key: int = pydantic.Field(default=100, ge=0)
     pod_token: str | None = None
     default_pool: str = registry.DEFAULT_POOL
     # Bare pool names mean this namespace's pools (router.poolnames); none: as written.

@@ -85,13 +85,29 @@ async def _start(
     token = tokens.mint(tokens.new_session_id())
     request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
     started = time.perf_counter()
-    placed = await _placed_or_unavailable(placing.place(request, deps), "admit", deps)
+    gone = asyncio.Event()
+    watching = asyncio.create_task(_watch_departure(ws, gone))
+    try:
+        placed = await _placed_or_unavailable(placing.place(request, deps, gone), "admit", deps)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)
         return
     deps.meters.admission_seconds.observe(time.perf_counter() - started)
     deps.meters.admissions.labels(pool, "new").inc()
     await run(ws, token, placed[0], placed[1], deps)
+
+
+async def _watch_departure(ws: starlette_ws.WebSocket, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client disconnects before its upgrade (it sends nothing
+    until the 101, so the next event is its disconnect)."""
+    if ws.client_state == starlette_ws.WebSocketState.CONNECTING:
+        await ws.receive()  # the connect event, which the accept would read otherwise
+    while (await ws.receive())["type"] != "websocket.disconnect":
+        pass
+    gone.set()
 
 
 async def _placed_or_unavailable(
@@ -126,7 +142,8 @@ async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wi
     """Upgrade (if not done yet), then the ``Error`` and a close, as Kyutai's server does."""
     deps.meters.rejections.labels(refusal.code).inc()
     if ws.application_state == starlette_ws.WebSocketState.CONNECTING:
-        with contextlib.suppress(starlette_ws.WebSocketDisconnect):
+        # uvicorn raises its ClientDisconnected (an OSError) for a client gone already
+        with contextlib.suppress(starlette_ws.WebSocketDisconnect, OSError):
             await ws.accept()
     await tell(ws, refusal)
 
@@ -155,9 +172,8 @@ async def run(
     """Upgrade with the session's headers, relay (the pod's Ready first), settle."""
     try:
         await ws.accept(headers=_extension_headers(token, opened))
-    except starlette_ws.WebSocketDisconnect:
-        await opened.link.close()  # a clean end: the pod frees the slot
-        await _settle(session, False, deps)
+    except (starlette_ws.WebSocketDisconnect, OSError):  # the client left (ClientDisconnected)
+        await _left_before_upgrade(ws, session, opened, deps)
         return
     # Taken right after the accept: uvicorn wrote the 101 without yielding to the loop.
     relay = relaying.Relay(
@@ -175,6 +191,22 @@ async def run(
         deps.sessions.discard(session)
         deps.meters.sessions_open.dec()
     await finish(ws, relay, session, opened, end, deps)
+
+
+async def _left_before_upgrade(
+    ws: starlette_ws.WebSocket, session: admissions.Session, opened: pods.Opened,
+    deps: wiring.Deps,
+) -> None:
+    """A resuming client (it holds the token) that left before its 101 may try again:
+    the link is dropped (the pod keeps the stream) and the session detached. A new
+    stream's client never got a token: the link is closed (the pod frees the slot at
+    once) and the session released."""
+    resuming = bool(ws.headers.get(protocol.RESUME_TOKEN_HEADER))
+    if resuming:
+        opened.link.abort()
+    else:
+        await opened.link.close()
+    await _settle(session, resuming, deps)
 
 
 async def finish(
@@ -207,6 +239,8 @@ async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) 
     except redis.RedisError as exc:
         deps.meters.redis_errors.labels("release").inc()
         log.warning("session %s not settled in Redis (its lease will): %s", session.session_id, exc)
+    if detach:  # kept (and rebuilt after a Redis restart) until its resume grace ends
+        deps.sessions.hold_detached(session, time.monotonic() + deps.config.resume_grace_s)
 
 
 def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) -> None:

@@ -65,7 +65,7 @@ async def _on_a_pod(ask: admissions.Request, body: bytes, deps: wiring.Deps) -> 
     while len(tried) < deps.config.pod_attempts:
         got = await deps.admissions.admit(ask, tried)
         if isinstance(got, admissions.Refused):
-            return _refusal(placing.refusal_for(got, ask), deps)
+            return _refusal(placing.refusal_for(got, ask, deps.config), deps)
         answer = await _held(got, body, deps)
         if answer is not None:
             return answer

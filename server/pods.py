@@ -124,15 +124,19 @@ class Pod:
         return self.state in (State.READY, State.DRAINING)
 
     def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-        """Why a websocket request is refused before the upgrade (HTTP 401), or None."""
+        """Why a request is refused before the upgrade (HTTP 401), or None.
+
+        A pod with a pod token admits only requests that carry it: the routers', which
+        checked the client's API key already (a router never forwards the key), so no key
+        is asked for. A pod without a token checks the API key itself, if it has keys."""
         token = self.settings.pod_token
-        if token and not auth.same_secret(headers.get(protocol.POD_TOKEN_HEADER), token):
-            return protocol.UNAUTHORIZED
+        if token:
+            sent = headers.get(protocol.POD_TOKEN_HEADER)
+            return None if auth.same_secret(sent, token) else protocol.UNAUTHORIZED
         keys = self.deps.keys
         if keys is not None:
             plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
-            if keys.find(plain) is None:
-                return protocol.UNAUTHORIZED
+            return None if keys.find(plain) is not None else protocol.UNAUTHORIZED
         return None
 
     def not_accepting(self) -> outcomes.Failed | None:

@@ -205,3 +205,27 @@ async def test_autoscaling_follows_the_streams(
     await checks.beat(redis_server.url, "stt-x", 24, 24)
     await eventually(lambda: checks.assert_equal(checks.replicas(cluster), 1))
     await eventually(lambda: cluster.events(NS, "Autoscaled")[1])
+
+
+async def test_a_keyed_pools_pods_get_the_routers_token_and_the_key_file(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    """Pods of a pool with API keys admit the routers by their token (the router checks
+    the key, it never forwards it): without the token every client would be refused."""
+    auth = {"apiKeysSecret": {"name": "keys"}, "podTokenSecret": {"name": "tok"}}
+    found = await checks.created(cluster, auth=auth)
+    pod = found["deployments"]["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    token = {"secretKeyRef": {"name": "tok", "key": "token"}}
+    assert {"name": "ASRPOOL_POD_TOKEN", "valueFrom": token} in server["env"]
+    assert found["configmaps"]["data"]["ASRPOOL_API_KEYS_FILE"] == "/etc/asrpool/keys/keys.yaml"
+    assert {"name": "api-keys", "secret": {"secretName": "keys"}} in pod["volumes"]
+
+
+async def test_a_keyed_pool_without_a_pod_token_is_degraded_and_gets_no_pods(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    await cluster.create(checks.manifest(auth={"apiKeysSecret": {"name": "keys"}}))
+    degraded = await eventually(lambda: checks.assert_degraded(cluster))
+    assert "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret" in degraded["message"]
+    assert cluster.get(emulator.DEPLOYMENTS, NS, "stt") is None

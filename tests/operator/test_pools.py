@@ -73,6 +73,11 @@ def test_autoscaling_needs_a_ceiling() -> None:
     _rejects({"autoscaling": {"enabled": True}}, "spec.autoscaling.maxSlots")
 
 
+def test_api_keys_need_the_routers_pod_token() -> None:
+    _rejects({"auth": {"apiKeysSecret": {"name": "keys"}}},
+             "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret")
+
+
 def test_a_long_name_is_invalid() -> None:
     _rejects({}, "metadata.name", "at most 50", name="p" * 51)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -233,7 +234,7 @@ async def test_waiters_are_served_first_come_first_served(
     assert await s.admit(request()) == admissions.Refused("busy", 2)  # no jumping the queue
     assert isinstance(await s.admit(request(), ticket="first"), admissions.Session)
     assert await redis.zrange(keys.pool_queue("default"), 0, -1) == ["second"]
-    await s.leave_queue("default", "second")
+    await s.leave_queue(request(), "second")
     assert await redis.zcard(keys.pool_queue("default")) == 0
 
 
@@ -274,3 +275,79 @@ async def test_a_reservation_the_pod_never_accepted_frees_before_an_accepted_one
     now = registry.now_ms()
     assert (await redis.zscore(keys.pod_sessions("a"), accepted.session_id) or 0) > now
     assert (await redis.zscore(keys.pod_sessions("a"), dialling.session_id) or 0) <= now
+
+
+async def test_queue_order_holds_however_long_the_wait(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """Waiters polling for longer than a ticket's lease (2 s), the last to come polling
+    first, keep their places: the queue and its counter live as long as their waiters
+    (they expired 3 s after the last arrival, and the next polls numbered them anew)."""
+    await support.beat(redis, "a", total=1)
+    s = store(redis, redis_server.url, session_lease_ms=300, queue_timeout=10)
+    holder = await s.admit(request())
+    assert isinstance(holder, admissions.Session)
+    waiters = ["first", "second", "third"]
+    for rank, ticket in enumerate(waiters):
+        assert await s.admit(request(), ticket=ticket) == admissions.Refused("busy", rank)
+    for _ in range(26):  # 2.6 s of polls, every 100 ms, the newest first
+        await asyncio.sleep(0.1)
+        for rank, ticket in reversed(list(enumerate(waiters))):
+            assert await s.admit(request(), ticket=ticket) == admissions.Refused("busy", rank)
+    await s.release(holder)
+    assert await s.admit(request(), ticket="third") == admissions.Refused("busy", 2)
+    assert isinstance(await s.admit(request(), ticket="first"), admissions.Session)
+
+
+async def test_the_queue_is_bounded_and_so_is_each_keys_share_of_it(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    await support.beat(redis, "a", total=1, free=0)
+    s = store(redis, redis_server.url, queue_max=2, queue_max_per_key=1)
+    k, j, m = request(key_id="k"), request(key_id="j"), request(key_id="m")
+    assert await s.admit(k, ticket="k1") == admissions.Refused("busy", 0)
+    assert await s.admit(k, ticket="k2") == admissions.Refused("key_queue_full")
+    assert await s.admit(j, ticket="j1") == admissions.Refused("busy", 1)
+    assert await s.admit(m, ticket="m1") == admissions.Refused("queue_full")
+    assert await s.admit(k, ticket="k1") == admissions.Refused("busy", 0)  # still in
+    await s.leave_queue(k, "k1")  # gone at once, its key's share with it
+    assert await s.admit(k, ticket="k2") == admissions.Refused("busy", 1)
+    assert await redis.zrange(keys.pool_queue("default"), 0, -1) == ["j1", "k2"]
+
+
+async def test_a_detached_session_survives_a_redis_restart(redis_server: RedisServer) -> None:
+    """The router that detached a session writes its record back when Redis comes back
+    empty, detached for the rest of its grace, so the client can still resume; once
+    resumed, it is no longer that router's to keep."""
+    redis = wiring.connect_redis(support.config(redis_server.url))  # the router's own client
+    await support.beat(redis, "a", total=2)
+    s = store(redis, redis_server.url, resume_grace_s=30)
+    req = request(key_id="team")
+    held = await s.admit(req)
+    assert isinstance(held, admissions.Session)
+    held.pod_resume_token = "pod-token"
+    await s.attach(held)
+    await s.detach(held)
+    kept = admissions.Sessions()
+    kept.hold_detached(held, until=time.monotonic() + 30)
+    detached = kept.detached(time.monotonic())
+    assert await s.keep_detached(detached) == [True]
+    redis_server.kill()
+    redis_server.start()
+    await support.async_wait_until(lambda: _kept(s, detached), 5, "the record written back")
+    await support.beat(redis, "a", total=2)  # the pod's heartbeat refills its own keys
+    record = await redis.hgetall(keys.session(held.session_id))
+    assert (record["state"], record["conn"], record["pod"]) == ("detached", "", "a")
+    assert 0 < await redis.pttl(keys.session(held.session_id)) <= 30_000
+    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    resumed = await s.resume(admissions.Request("", "team", 0, req.token, "c2"))
+    assert isinstance(resumed, admissions.Session) and resumed.pod_resume_token == "pod-token"
+    assert await s.keep_detached(detached) == [False]
+    await redis.aclose()
+
+
+async def _kept(s: admissions.Admissions, detached: list[admissions.Detached]) -> bool:
+    try:
+        return await s.keep_detached(detached) == [True]
+    except redis_errors.ConnectionError:
+        return False

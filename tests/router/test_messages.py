@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from asrpool.router import admissions, placing, poolnames, tokens
+from asrpool.router import admissions, placing, poolnames, settings, tokens
 
 
 def test_a_minted_token_parses_back_and_hashes_stably() -> None:
@@ -33,11 +33,14 @@ def test_malformed_tokens_are_rejected(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "reason", ["busy", "unknown_pool", "key_limit", "bad_resume_token", "pod_gone"]
+    "reason",
+    ["busy", "unknown_pool", "key_limit", "queue_full", "key_queue_full", "bad_resume_token",
+     "pod_gone"],
 )
 def test_every_refusal_is_a_kyutai_error_frame(reason: admissions.Reason) -> None:
     request = admissions.Request("pool-a", "team", 2, tokens.mint(tokens.new_session_id()), "c")
-    refusal = placing.refusal_for(admissions.Refused(reason), request)
+    config = settings.RouterSettings()
+    refusal = placing.refusal_for(admissions.Refused(reason), request, config)
     body = msgpack.unpackb(refusal.frame())
     assert body["type"] == "Error" and body["message"] and body["code"]
     assert 1000 <= refusal.close_code < 1016 and refusal.close_code not in (1005, 1006)
