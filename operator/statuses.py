@@ -63,16 +63,24 @@ def _stuck_container(pods: Sequence[Mapping[str, Any]]) -> Problem | None:
 def _model_problem(pods: Sequence[Mapping[str, Any]]) -> Problem | None:
     """A container that last exited with one of the model exit codes: its reason, and the
     last line it wrote (its termination message). The message names the container, not
-    the pod, so that the pool's pods failing alike make one problem, hence one event."""
+    the pod, so that the pool's pods failing alike make one problem, hence one event.
+    A retry in progress (the fetch running again, a server loading again) is still the
+    problem until it succeeds: the status does not flap, nor the events repeat."""
     for pod in pods:
         for container in _container_statuses(pod):
             state, last = container.get("state") or {}, container.get("lastState") or {}
             ended = state.get("terminated") or last.get("terminated") or {}
             reason = weights.EXIT_REASONS.get(int(ended.get("exitCode") or 0))
-            if reason is not None and "running" not in state:
+            if reason is not None and not _recovered(container):
                 return Problem(reason, f"container {container.get('name')}: "
                                f"{last_line(ended.get('message', '')) or ended.get('reason')}")
     return None
+
+
+def _recovered(container: Mapping[str, Any]) -> bool:
+    """A server container that is ready again (an init container that succeeded has
+    exit code 0, so it never gets here)."""
+    return not container.get("init") and bool(container.get("ready"))
 
 
 def last_line(text: str) -> str:
@@ -83,7 +91,8 @@ def last_line(text: str) -> str:
 def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Init containers first: a pod whose init container is stuck never starts the others."""
     status = pod.get("status") or {}
-    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    return [*({**c, "init": True} for c in status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or [])]
 
 
 def _conditions(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:

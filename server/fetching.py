@@ -64,7 +64,7 @@ def fetch(repo: str, revision: str | None, cache_dir: str | None, token: str | N
     except FetchError:
         raise
     except Exception as exc:  # the Hub's errors come in many types: sort them by meaning
-        raise _classified(exc, _where(repo, revision)) from exc
+        raise fetch_error(exc, _where(repo, revision)) from exc
 
 
 def _download(repo: str, revision: str | None, cache_dir: str | None,
@@ -101,7 +101,8 @@ def _read_config(path: str) -> dict[str, Any]:
     return config
 
 
-def _classified(exc: Exception, where: str) -> FetchError:
+def fetch_error(exc: Exception, where: str) -> FetchError:
+    """The exit code and message for what the Hub client raised."""
     from huggingface_hub import constants, errors
 
     hub = constants.ENDPOINT

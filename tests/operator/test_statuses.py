@@ -163,7 +163,21 @@ def test_a_missing_token_secret_in_the_init_container_is_a_config_error() -> Non
                                        'stt-a/fetch-model: secret "hf" not found')
 
 
-def test_a_server_running_again_after_a_model_failure_is_no_problem() -> None:
-    running = {"name": "server", "state": {"running": {}},
+def test_a_server_ready_again_after_a_model_failure_is_no_problem() -> None:
+    running = {"name": "server", "state": {"running": {}}, "ready": True,
                "lastState": {"terminated": {"exitCode": 3, "message": "gone"}}}
     assert statuses.pod_problem(None, [_model_pod("stt-a", containers=[running])]) is None
+
+
+def test_a_retry_in_progress_is_still_the_problem() -> None:
+    """The fetch running again, or the server loading again: no flapping status."""
+    last = {"terminated": {"exitCode": 4, "message": "asrpool fetch-model: cannot reach"}}
+    fetching = {"name": "fetch-model", "state": {"running": {}}, "ready": True,
+                "lastState": last}
+    problem = statuses.pod_problem(None, [_model_pod("stt-a", init=[fetching])])
+    assert problem == statuses.Problem("RegistryUnavailable",
+                                       "container fetch-model: asrpool fetch-model: cannot reach")
+    loading = {"name": "server", "state": {"running": {}}, "ready": False,
+               "lastState": {"terminated": {"exitCode": 3, "message": "no files"}}}
+    problem = statuses.pod_problem(None, [_model_pod("stt-a", containers=[loading])])
+    assert problem is not None and problem.reason == "ModelUnavailable"
