@@ -194,6 +194,8 @@ def test_a_pool_serves_a_saved_checkpoint_from_a_host_path_through_the_router(
     """A random ``tiny`` model saved in Kyutai's repo layout, on a node folder
     (``spec.model.volume.hostPath``): the pod loads it from the read-only mount and a
     stream through the router gets the words the same checkpoint gives in-process."""
+    import torch
+
     from asrpool.server import engine, events, models, transcribing
     from tests.support import streams
 
@@ -203,6 +205,10 @@ def test_a_pool_serves_a_saved_checkpoint_from_a_host_path_through_the_router(
     namespace = release.namespace
     body = pool("saved", "tiny", slots=1)
     body["spec"]["model"] = {"volume": {"hostPath": str(tmp_path), "subPath": "stt-tiny"}}
+    # One torch thread in the pod and here (the same float reductions), and the same
+    # rolling context: the same words.
+    body["spec"]["env"] = [{"name": "ASRPOOL_TORCH_THREADS", "value": "1"}]
+    body["spec"]["context"] = 100
     cluster.apply(namespace, body)
 
     def serving() -> dict[str, Any]:
@@ -222,10 +228,15 @@ def test_a_pool_serves_a_saved_checkpoint_from_a_host_path_through_the_router(
     url = f"ws://{release.router}/api/asr-streaming?pool=saved"
     transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT))
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
-    loaded = models.load_model(str(tmp_path / "stt-tiny"))
-    with engine.BatchedEngine(loaded, 1) as alone:
-        expected = transcribing.words_of(transcribing.run_messages(
-            alone, kyutai_client.short_messages(pcm)))
+    loaded = models.load_model(str(tmp_path / "stt-tiny"), context=100)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with engine.BatchedEngine(loaded, 1) as alone:
+            expected = transcribing.words_of(transcribing.run_messages(
+                alone, kyutai_client.short_messages(pcm)))
+    finally:
+        torch.set_num_threads(threads)
     assert kyutai_client.words(transcript) == kyutai_client.words(
         [events.to_message(word) for word in expected])
     assert kyutai_client.words(transcript), "the random model should emit some words"
