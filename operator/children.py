@@ -11,9 +11,9 @@ import hashlib
 import json
 from typing import Any
 
-from asrpool.operator import naming, pools, settings
+from asrpool.operator import naming, pools, settings, sources, templates
 
-KEYS_DIR = "/etc/asrpool/keys"
+KEYS_DIR = pools.KEYS_DIR
 Child = dict[str, Any]
 
 
@@ -40,7 +40,8 @@ def build_config_map(pool: pools.Pool, config: settings.OperatorSettings) -> Chi
 
 def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> dict[str, str]:
     env = {
-        "ASRPOOL_MODEL": pool.model,
+        **sources.server_environment(pool.source),
+        "ASRPOOL_DTYPE": pool.dtype,
         "ASRPOOL_BATCH_SIZE": str(pool.slots_per_pod),
         "ASRPOOL_CONTEXT": str(pool.context),
         "ASRPOOL_DEVICE": pool.device,
@@ -50,8 +51,6 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
         "ASRPOOL_REDIS_URL": config.server_redis_url,
         "ASRPOOL_DRAIN_GRACE_SECONDS": str(pool.drain_grace_seconds),
     }
-    if pool.revision:
-        env["ASRPOOL_MODEL_REVISION"] = pool.revision
     if pool.api_keys is not None:
         env["ASRPOOL_API_KEYS_FILE"] = f"{KEYS_DIR}/{pool.api_keys.key}"
     return env
@@ -102,17 +101,33 @@ def build_pod_template(pool: pools.Pool, config: settings.OperatorSettings, dige
         "containers": [build_container(pool, config)],
         "enableServiceLinks": False,
         "securityContext": pod_security(),
+        **templates.pod_fields(pool.template),
     }
     spec.update(_placement(pool))
-    if pool.api_keys is not None:
-        spec["volumes"] = [_keys_volume(pool.api_keys)]
+    fetch = build_fetch_container(pool, config)
+    if fetch is not None:
+        spec["initContainers"] = [fetch]
+    volumes = _volumes(pool)
+    if volumes:
+        spec["volumes"] = volumes
     return {
-        "metadata": {
-            "labels": naming.labels(pool.name),
-            "annotations": {naming.CONFIG_HASH_ANNOTATION: digest},
-        },
+        "metadata": templates.metadata(pool.template, naming.labels(pool.name),
+                                       {naming.CONFIG_HASH_ANNOTATION: digest}),
         "spec": spec,
     }
+
+
+def build_fetch_container(pool: pools.Pool, config: settings.OperatorSettings) -> Child | None:
+    """``asrpool fetch-model`` into the cache, before the server starts (repos only)."""
+    fetch = sources.fetch_container(pool.source, pool.image or config.default_image,
+                                    pool.image_pull_policy, container_security())
+    return None if fetch is None else templates.add_to_container(fetch, pool.template)
+
+
+def _volumes(pool: pools.Pool) -> list[Child]:
+    """The operator's volumes (API keys, the model or its cache), then the pool's own."""
+    own = [_keys_volume(pool.api_keys)] if pool.api_keys is not None else []
+    return [*own, *sources.volumes(pool.source), *map(dict, pool.template.volumes)]
 
 
 def termination_grace(pool: pools.Pool, config: settings.OperatorSettings) -> int:
@@ -129,18 +144,24 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "envFrom": [{"configMapRef": {"name": naming.config_map(pool.name)}}],
         "env": _pod_environment(pool, config),
         "ports": [{"name": "http", "containerPort": settings.SERVER_PORT, "protocol": "TCP"}],
-        # 200 once the model is loaded and warmed; loading may take 10 minutes.
-        "startupProbe": _probe("/startupz", period=5, failures=120),
+        # 200 once the model is loaded and warmed, within spec.model.loadTimeoutSeconds.
+        "startupProbe": _probe("/startupz", period=sources.STARTUP_PROBE_PERIOD,
+                               failures=sources.startup_failures(pool.source)),
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         # Three misses before unready: the ReplicaSet controller deletes unready pods
         # before any other on scale-down, so a busy pod slow to answer once must stay ready.
         "readinessProbe": _probe("/readyz", period=2, failures=3),
         "resources": build_resources(pool),
+        # A server that cannot load its model says why in its last line; the pool shows it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security(),
     }
-    if pool.api_keys is not None:
-        container["volumeMounts"] = [{"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True}]
-    return container
+    mounts = [{"name": pools.KEYS_VOLUME, "mountPath": KEYS_DIR, "readOnly": True}] \
+        if pool.api_keys is not None else []
+    mounts += sources.server_mounts(pool.source)
+    if mounts:
+        container["volumeMounts"] = mounts
+    return templates.add_to_container(container, pool.template)
 
 
 def _pod_environment(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
@@ -177,6 +198,7 @@ def build_resources(pool: pools.Pool) -> Child:
         requests["cpu"] = pool.cpu
     if pool.memory:
         requests["memory"] = limits["memory"] = pool.memory
+    requests.update(sources.storage_requests(pool.source))
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
@@ -194,7 +216,7 @@ def _placement(pool: pools.Pool) -> Child:
 
 
 def _keys_volume(secret: pools.SecretKey) -> Child:
-    return {"name": "api-keys", "secret": {"secretName": secret.name}}
+    return {"name": pools.KEYS_VOLUME, "secret": {"secretName": secret.name}}
 
 
 def build_service(pool: pools.Pool) -> Child:

@@ -14,12 +14,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from asrpool.operator import sources, templates
+
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
 DEFAULT_SLOTS_PER_POD = 8
 DEFAULT_CONTEXT = 375  # model steps of 80 ms: 30 s of rolling context
 DEFAULT_DRAIN_GRACE_SECONDS = 60
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_PULL_POLICY = "IfNotPresent"
+DEFAULT_DTYPE = "auto"  # the server's policy: bfloat16 on CUDA, float32 on the CPU
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 class InvalidPool(ValueError):
@@ -68,6 +72,11 @@ class Pool:
     autoscaling: Autoscaling = Autoscaling()
     api_keys: SecretKey | None = None
     pod_token: SecretKey | None = None
+    source: sources.ModelSource = dataclasses.field(  # spec.model, read
+        default_factory=lambda: sources.ModelSource(name="tiny"))
+    dtype: str = DEFAULT_DTYPE
+    template: templates.PodTemplate = dataclasses.field(  # pod template pass-through
+        default_factory=templates.PodTemplate)
 
     @property
     def pods(self) -> int:
@@ -92,11 +101,15 @@ def pods_for(slots: int, slots_per_pod: int) -> int:
 def from_body(body: Mapping[str, Any]) -> Pool:
     """Read and check a pool object (``metadata`` and ``spec``); raise :class:`InvalidPool`."""
     meta, spec = body.get("metadata", {}), body.get("spec") or {}
+    source, template = _model(spec), _template(spec)
     pool = Pool(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or "default"),
-        model=_text(_section(spec, "model"), "name", required=True, where="model."),
-        revision=_text(_section(spec, "model"), "revision", where="model."),
+        model=source.reference,
+        revision=source.revision,
+        source=source,
+        dtype=_dtype(spec),
+        template=template,
         slots=_integer(spec, "slots", required=True),
         slots_per_pod=_integer(spec, "slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1),
         context=_integer(spec, "context", DEFAULT_CONTEXT, minimum=1),
@@ -117,6 +130,43 @@ def from_body(body: Mapping[str, Any]) -> Pool:
     return pool
 
 
+def _model(spec: Mapping[str, Any]) -> sources.ModelSource:
+    if spec.get("model") is None:
+        raise InvalidPool("spec.model is required")
+    try:
+        return sources.read(spec["model"])
+    except sources.InvalidModel as exc:
+        raise InvalidPool(str(exc)) from exc
+
+
+def _template(spec: Mapping[str, Any]) -> templates.PodTemplate:
+    try:
+        return templates.read(spec)
+    except templates.InvalidTemplate as exc:
+        raise InvalidPool(str(exc)) from exc
+
+
+def _dtype(spec: Mapping[str, Any]) -> str:
+    value = spec.get("dtype") or DEFAULT_DTYPE
+    if value not in DTYPES:
+        raise InvalidPool(f"spec.dtype must be one of {', '.join(DTYPES)}, got {value!r}")
+    return str(value)
+
+
+# What the operator itself sets in a server pod (children holds a test to this list):
+# spec.env, spec.volumes and spec.volumeMounts may not replace it.
+RESERVED_ENV = frozenset({
+    "ASRPOOL_MODEL", "ASRPOOL_MODEL_REVISION", "ASRPOOL_BATCH_SIZE", "ASRPOOL_CONTEXT",
+    "ASRPOOL_DEVICE", "ASRPOOL_DTYPE", "ASRPOOL_HOST", "ASRPOOL_PORT", "ASRPOOL_POOL",
+    "ASRPOOL_REDIS_URL", "ASRPOOL_DRAIN_GRACE_SECONDS", "ASRPOOL_API_KEYS_FILE", "POD_IP",
+    "ASRPOOL_POD_ID", "ASRPOOL_ADVERTISE_ADDRESS", "ASRPOOL_POD_TOKEN", "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY",
+    "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"})
+KEYS_VOLUME, KEYS_DIR = "api-keys", "/etc/asrpool/keys"
+RESERVED_VOLUMES = frozenset({KEYS_VOLUME, sources.MODEL_VOLUME, sources.CACHE_VOLUME})
+RESERVED_MOUNTS = frozenset({KEYS_DIR, sources.MODEL_DIR, sources.CACHE_DIR})
+
+
 def check(pool: Pool) -> None:
     """The rules a schema cannot express; each failure says what to change."""
     if len(pool.name) > MAX_NAME_LENGTH:
@@ -124,6 +174,10 @@ def check(pool: Pool) -> None:
             f"metadata.name {pool.name!r} is {len(pool.name)} characters; pools are named at"
             f" most {MAX_NAME_LENGTH} so that their children's names and labels fit"
         )
+    try:
+        templates.check_reserved(pool.template, RESERVED_ENV, RESERVED_VOLUMES, RESERVED_MOUNTS)
+    except templates.InvalidTemplate as exc:
+        raise InvalidPool(str(exc)) from exc
     _check_autoscaling(pool)
     _check_auth(pool)
     _check_gpu_budget(pool, pool.slots, "spec.slots")

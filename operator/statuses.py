@@ -11,13 +11,16 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from asrpool.common import weights
 from asrpool.operator import naming, usage
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
     # InvalidSpec, RegistryUnavailable, NameConflict, ProgressDeadlineExceeded, PodsUnschedulable,
-    # ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, RunContainerError
+    # ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, RunContainerError, and
+    # for a model that cannot be had (weights.EXIT_REASONS): ModelUnavailable,
+    # RegistryUnavailable (the Hugging Face Hub), ModelCacheUnavailable
     reason: str
     message: str
 
@@ -40,17 +43,56 @@ def pod_problem(deployment: Mapping[str, Any] | None,
     unschedulable = [(pod, c) for pod in live for c in _conditions(pod)
                      if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"]
     if unschedulable:
-        pod, condition = unschedulable[0]
+        _, condition = unschedulable[0]
         return Problem("PodsUnschedulable", f"{len(unschedulable)} server pod(s) cannot be "
                        f"scheduled: {condition.get('message', '')}")
-    for pod in live:
-        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+    return _model_problem(live) or _stuck_container(live)
+
+
+def _stuck_container(pods: Sequence[Mapping[str, Any]]) -> Problem | None:
+    for pod in pods:
+        for container in _container_statuses(pod):
             waiting = (container.get("state") or {}).get("waiting") or {}
             reason = STUCK_CONTAINERS.get(waiting.get("reason", ""))
             if reason:
                 where = f"{pod['metadata']['name']}/{container.get('name')}"
                 return Problem(reason, f"{where}: {waiting.get('message') or waiting['reason']}")
     return None
+
+
+def _model_problem(pods: Sequence[Mapping[str, Any]]) -> Problem | None:
+    """A container that last exited with one of the model exit codes: its reason, and the
+    last line it wrote (its termination message). The message names the container, not
+    the pod, so that the pool's pods failing alike make one problem, hence one event.
+    A retry in progress (the fetch running again, a server loading again) is still the
+    problem until it succeeds: the status does not flap, nor the events repeat."""
+    for pod in pods:
+        for container in _container_statuses(pod):
+            state, last = container.get("state") or {}, container.get("lastState") or {}
+            ended = state.get("terminated") or last.get("terminated") or {}
+            reason = weights.EXIT_REASONS.get(int(ended.get("exitCode") or 0))
+            if reason is not None and not _recovered(container):
+                return Problem(reason, f"container {container.get('name')}: "
+                               f"{last_line(ended.get('message', '')) or ended.get('reason')}")
+    return None
+
+
+def _recovered(container: Mapping[str, Any]) -> bool:
+    """A server container that is ready again (an init container that succeeded has
+    exit code 0, so it never gets here)."""
+    return not container.get("init") and bool(container.get("ready"))
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Init containers first: a pod whose init container is stuck never starts the others."""
+    status = pod.get("status") or {}
+    return [*({**c, "init": True} for c in status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or [])]
 
 
 def _conditions(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -99,7 +99,8 @@ def _pool(args: argparse.Namespace, per_pod: int) -> pools.Pool:
     if not args.autoscale and args.pods is None:
         raise scenarios.PlanError("give --pods N (a fixed pool), or --autoscale")
     body = {"metadata": {"name": "plan"}, "spec": {
-        "model": {"name": args.model or "plan"}, "slots": (args.pods or 1) * per_pod,
+        # The model does not change a plan: any reference the operator accepts will do.
+        "model": {"name": "tiny"}, "slots": (args.pods or 1) * per_pod,
         "slotsPerPod": per_pod, "drainGracePeriodSeconds": args.drain_grace_seconds,
         "resources": {"gpus": args.gpus_per_pod}, "autoscaling": scaling}}
     try:

@@ -42,8 +42,7 @@ def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    dtype = models.default_dtype(config.device) if config.dtype == "auto" \
-        else getattr(torch, config.dtype)
+    dtype = models.resolve_dtype(config.dtype, config.device)
     model = models.load_model(config.model, config.device, dtype, config.context,
                               config.model_revision)
     return engine.BatchedEngine(model, config.batch_size)

@@ -1,4 +1,4 @@
-"""Subcommands of the server part: ``serve``, ``transcribe`` and ``bench``."""
+"""Subcommands of the server part: ``serve``, ``fetch-model``, ``transcribe`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 
-from asrpool.server import serve_cli
+from asrpool.server import fetching, serve_cli
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve_cli.add_parser(subparsers)
+    fetching.add_parser(subparsers)
     _add_transcribe(subparsers)
     _add_bench(subparsers)
 
@@ -20,6 +21,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
         "--model", default="tiny",
         help="tiny, small, stt-1b-en_fr, stt-2.6b-en, a checkpoint dir or a Hugging Face repo")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 on CUDA, float32 elsewhere: the server's policy)"
+                             " | bfloat16 | float16 | float32")
     parser.add_argument("--context", type=int, default=None,
                         help="rolling KV cache length in steps (default: the model's)")
     parser.add_argument("--torch-threads", type=int, default=None,
@@ -44,8 +48,8 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    dtype = models.default_dtype(args.device)
     try:
+        dtype = models.resolve_dtype(args.dtype, args.device)
         pcm = audio.load_audio(args.file)
         model = models.load_model(args.model, device=args.device, dtype=dtype,
                                   context=args.context)

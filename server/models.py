@@ -24,6 +24,7 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 from moshi.utils import compile as moshi_compile
 
+from asrpool.common import weights
 from asrpool.server import codebooks, tokenizers
 
 FRAME_RATE = 12.5
@@ -111,9 +112,24 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
+
+
 def default_dtype(device: str | torch.device) -> torch.dtype:
     """The one dtype policy: bfloat16 on CUDA, float32 elsewhere."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def resolve_dtype(choice: str, device: str | torch.device) -> torch.dtype:
+    """``auto`` is :func:`default_dtype`; an explicit choice wins. ``serve`` (and so every
+    pool's pods, whose ``spec.dtype`` arrives as ``ASRPOOL_DTYPE``), ``transcribe`` and the
+    benchmarks all decide here."""
+    if choice not in DTYPE_CHOICES:
+        raise ModelError(f"unknown dtype {choice!r}: expected one of {', '.join(DTYPE_CHOICES)}")
+    if choice == "auto":
+        return default_dtype(device)
+    dtype: torch.dtype = getattr(torch, choice)
+    return dtype
 
 
 @contextlib.contextmanager
@@ -141,7 +157,7 @@ def load_model(
     if name in PRESETS:
         return build_random(name, device, dtype, context)
     path = Path(name)
-    if path.exists():
+    if path.exists() or path.is_absolute():
         return load_checkpoint_dir(path, device, dtype, context)
     if _looks_like_repo_id(name):
         return load_hf_repo(name, device, dtype, context, revision)
@@ -200,24 +216,22 @@ def _tilt_towards_padding(lm: LMModel) -> None:
 def load_checkpoint_dir(
     path: Path, device: str | torch.device, dtype: torch.dtype, context: int | None
 ) -> LoadedModel:
-    config_path = path / "config.json"
-    if not path.is_dir() or not config_path.is_file():
-        raise ModelError(f"checkpoint directory {path} has no config.json")
+    config_path = path / weights.CONFIG_NAME
+    if not path.is_dir():
+        raise ModelError(f"checkpoint directory {path} does not exist (or is not a directory)")
+    if not config_path.is_file():
+        raise ModelError(f"checkpoint directory {path} is missing {weights.CONFIG_NAME}")
     config = _read_json(config_path)
-    files = {
-        "moshi_weights": config.get("moshi_name", loaders.MOSHI_NAME),
-        "mimi_weights": config.get("mimi_name", loaders.MIMI_NAME),
-        "tokenizer": config.get("tokenizer_name", loaders.TEXT_TOKENIZER_NAME),
-    }
-    missing = [name for name in files.values() if not (path / name).is_file()]
+    names = weights.checkpoint_files(config)
+    missing = [name for name in names if not (path / name).is_file()]
     if missing:
         raise ModelError(f"checkpoint directory {path} is missing {', '.join(missing)}")
     mimi_config = config.get("mimi_config_name")
     info = loaders.CheckpointInfo.from_hf_repo(
         str(path),
+        moshi_weights=path / names[0], mimi_weights=path / names[1], tokenizer=path / names[2],
         config_path=config_path,
         mimi_config_path=(path / mimi_config) if mimi_config else None,
-        **{key: path / name for key, name in files.items()},
     )
     return _from_checkpoint_info(info, str(path), device, dtype, context)
 

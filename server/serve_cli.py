@@ -91,8 +91,17 @@ def run(args: argparse.Namespace) -> int:
     server.run()
     failure = app.state.pod.failure
     if failure is not None:
-        raise SystemExit(f"asrpool serve: {failure}")
+        print(f"asrpool serve: {failure}", file=sys.stderr)  # the last line: the pool shows it
+        return exit_code(failure)
     return 0
+
+
+def exit_code(failure: BaseException) -> int:
+    """3 for a model that cannot be had (the operator reads it as ``ModelUnavailable``)."""
+    from asrpool.common import weights
+    from asrpool.server import models
+
+    return weights.EXIT_MODEL_UNAVAILABLE if isinstance(failure, models.ModelError) else 1
 
 
 def settings_from(args: argparse.Namespace) -> Any:

@@ -345,6 +345,9 @@ class PodRunner:
             "exitCode": code if code >= 0 else 128 - code,
             "reason": "Completed" if code == 0 else "Error",
             "startedAt": container.started_at, "finishedAt": nodes.now()}
+        message = self._termination_message(container, code)
+        if message:
+            container.terminated["message"] = message
         container.waiting = ("", "")
         if self._may_restart(container) and not self.deleting.is_set():
             delay = podspecs.restart_delay(container.restarts + 1)
@@ -354,6 +357,19 @@ class PodRunner:
                                      f"failed container={container.name} pod={self.pod_name}")
                 self.context.events(self.pod, "Warning", "BackOff",
                                     f"Back-off restarting failed container {container.name}")
+
+    def _termination_message(self, container: Container, code: int) -> str:
+        """``terminationMessagePolicy: FallbackToLogsOnError``: a failed container's last
+        log lines (the kubelet's 80 lines, at most 2048 bytes). The file policy needs a
+        /dev/termination-log mount, which a host process cannot have."""
+        if code == 0 or container.spec.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return ""
+        try:
+            text = (self.folder / f"{container.name}.log").read_bytes()
+        except OSError:
+            return ""
+        tail = b"\n".join(text.rstrip().splitlines()[-80:])[-2048:]
+        return tail.decode(errors="replace")
 
     # Probes.
 

@@ -68,7 +68,7 @@ def test_the_routers_resume_grace_is_never_below_the_server_pods() -> None:
     """architecture.md: the router's resume_grace_s must be at least the pods'."""
     pods = server_settings.ServerSettings.model_fields["resume_grace_seconds"].default
     pool = pools.from_body({"metadata": {"name": "stt", "namespace": "speech"},
-                            "spec": {"model": {"name": "m"}, "slots": 8}})
+                            "spec": {"model": {"name": "tiny"}, "slots": 8}})
     built = children.build_all(pool, operator_settings.OperatorSettings(all_namespaces=True))
     config_map = next(c for c in built if c["kind"] == "ConfigMap")
     pods = float(config_map["data"].get("ASRPOOL_RESUME_GRACE_SECONDS", pods))

@@ -94,7 +94,7 @@ def test_the_rules_cover_every_call_in_the_operators_source() -> None:
     """Each ``kube.Kube`` call: its verb on its kind (``kind`` in applying.py: every child)."""
     child_kinds = {(c["apiVersion"], c["kind"]) for c in children.build_all(
         pools.from_body({"metadata": {"name": "p", "namespace": "n"},
-                         "spec": {"model": {"name": "m"}, "slots": 1}}),
+                         "spec": {"model": {"name": "tiny"}, "slots": 1}}),
         settings.OperatorSettings(all_namespaces=True))}
     calls = source_calls()
     assert calls, "found no Kubernetes calls in operator/*.py: has the client changed?"

@@ -48,6 +48,7 @@ def test_any_sample_rate_is_resampled_to_24khz(tmp_path: Path) -> None:
     (["transcribe", "/nonexistent.wav"], "no such audio file: /nonexistent.wav"),
     (["transcribe", str(ROOT / "pyproject.toml")], "cannot decode"),
     (["transcribe", str(SAMPLE), "--model", "nope"], "unknown model 'nope'"),
+    (["transcribe", str(SAMPLE), "--dtype", "int8"], "unknown dtype 'int8'"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args: list[str], message: str) -> None:
     result = _asrpool(*args)

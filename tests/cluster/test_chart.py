@@ -194,3 +194,58 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
         await eventually(rolled, STARTUP, period=1.0)
     assert [m for m in transcript if m["type"] == "Error"] == []
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
+
+
+def test_a_pool_serves_a_saved_checkpoint_from_a_host_path_through_the_router(
+    cluster: Cluster, release: Release, tmp_path: Path
+) -> None:
+    """A random ``tiny`` model saved in Kyutai's repo layout, on a node folder
+    (``spec.model.volume.hostPath``): the pod loads it from the read-only mount and a
+    stream through the router gets the words the same checkpoint gives in-process."""
+    import torch
+
+    from asrpool.server import engine, events, models, transcribing
+    from tests.support import streams
+
+    preset = models.PRESETS["tiny"]
+    models.save_checkpoint_dir(models.build_random("tiny"), tmp_path / "stt-tiny",
+                               preset.mimi_config, preset.lm_kwargs)
+    namespace = release.namespace
+    body = pool("saved", "tiny", slots=1)
+    body["spec"]["model"] = {"volume": {"hostPath": str(tmp_path), "subPath": "stt-tiny"}}
+    # One torch thread in the pod and here (the same float reductions), and the same
+    # rolling context: the same words.
+    body["spec"]["env"] = [{"name": "ASRPOOL_TORCH_THREADS", "value": "1"}]
+    body["spec"]["context"] = 100
+    cluster.apply(namespace, body)
+
+    def serving() -> dict[str, Any]:
+        found = pods_of(cluster, namespace, f"{naming.POOL_LABEL}=saved")
+        assert len(found) == 1, found
+        pod = found[0]
+        assert any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in pod["status"].get("conditions", [])), pod["status"]
+        status = cluster.get(namespace, "asrpool", "saved").get("status") or {}
+        assert status.get("freeSlots") == 1, status
+        return pod
+
+    pod = asyncio.run(eventually(serving, STARTUP, period=1.0))
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert not [v for v in pod["spec"]["volumes"] if v.get("projected")]  # no API token
+    pcm = streams.random_speechlike(3.0, seed=12)
+    url = f"ws://{release.router}/api/asr-streaming?pool=saved"
+    transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT))
+    assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
+    loaded = models.load_model(str(tmp_path / "stt-tiny"), context=100)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with engine.BatchedEngine(loaded, 1) as alone:
+            expected = transcribing.words_of(transcribing.run_messages(
+                alone, kyutai_client.short_messages(pcm)))
+    finally:
+        torch.set_num_threads(threads)
+    assert kyutai_client.words(transcript) == kyutai_client.words(
+        [events.to_message(word) for word in expected])
+    assert kyutai_client.words(transcript), "the random model should emit some words"
+    cluster.kubectl("delete", "-n", namespace, "asrpool/saved", "--wait=true")

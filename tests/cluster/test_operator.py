@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -196,19 +197,59 @@ async def test_pods_the_scheduler_cannot_place_degrade_the_pool_with_its_verdict
     assert reasons.count("PodsUnschedulable") == 1  # one event, not one per pass
 
 
-async def test_a_server_that_keeps_crashing_degrades_the_pool(
-    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+async def test_a_volume_without_the_checkpoint_degrades_the_pool_naming_the_missing_file(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner, tmp_path: Path
 ) -> None:
-    create(cluster, namespace, manifest("broken", slots=1, slotsPerPod=1,
-                                        model={"name": "no-such-model"}, resources={"gpus": 0}))
+    """The server exits 3 with its reason as its last line; the kubelet keeps both
+    (``FallbackToLogsOnError``) and the pool shows them, once."""
+    (tmp_path / "empty").mkdir()
+    create(cluster, namespace, manifest("hollow", slots=1, slotsPerPod=1, resources={"gpus": 0},
+                                        model={"volume": {"hostPath": str(tmp_path),
+                                                          "subPath": "empty"}}))
 
-    def crash_looping() -> dict[str, Any]:
-        condition = degraded(cluster, namespace, "broken")
-        assert condition["reason"] == "CrashLoopBackOff", condition
+    def model_unavailable() -> dict[str, Any]:
+        condition = degraded(cluster, namespace, "hollow")
+        assert condition["reason"] == "ModelUnavailable", condition
         return condition
 
-    condition = await eventually(crash_looping, 180.0, period=1.0)
-    assert condition["message"].startswith("broken-")
+    condition = await eventually(model_unavailable, 180.0, period=1.0)
+    assert condition["message"].startswith("container server: asrpool serve: checkpoint")
+    assert condition["message"].endswith("is missing config.json")
+    assert warnings_about(cluster, namespace, "hollow").count("ModelUnavailable") == 1
+
+
+async def test_an_unreachable_model_registry_degrades_the_pool_without_a_storm(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    """The fetch-model init container fails (exit 4) and restarts with back-off; the pool
+    is Degraded RegistryUnavailable with its message; one pod, one Warning event."""
+    create(cluster, namespace, manifest(
+        "offline", slots=1, slotsPerPod=1, resources={"gpus": 0},
+        env=[{"name": "HF_ENDPOINT", "value": "http://127.0.0.1:9"}]))  # nothing listens
+
+    def registry_unavailable() -> dict[str, Any]:
+        condition = degraded(cluster, namespace, "offline")
+        assert condition["reason"] == "RegistryUnavailable", condition
+        return condition
+
+    condition = await eventually(registry_unavailable, 180.0, period=1.0)
+    assert condition["message"] == (
+        "container fetch-model: asrpool fetch-model: cannot reach the Hugging Face Hub at"
+        " http://127.0.0.1:9 to fetch kyutai/stt-1b-en_fr, and the cache does not hold it")
+
+    def failed_twice_with_a_back_off() -> dict[str, Any]:
+        (pod,) = kubernetes.client.CoreV1Api(cluster.api).list_namespaced_pod(
+            namespace, label_selector=f"{naming.POOL_LABEL}=offline").items
+        (fetch,) = pod.status.init_container_statuses
+        assert fetch.restart_count >= 1, fetch.restart_count  # each try: 23 s of Hub retries
+        assert fetch.state.waiting and fetch.state.waiting.reason == "CrashLoopBackOff", fetch
+        return {"fetch": fetch, "server": pod.status.container_statuses[0]}
+
+    statuses = await eventually(failed_twice_with_a_back_off, 180.0, period=1.0)
+    assert "back-off" in statuses["fetch"].state.waiting.message
+    assert statuses["fetch"].last_state.terminated.exit_code == 4
+    assert statuses["server"].restart_count == 0  # never started: no model, no server
+    assert warnings_about(cluster, namespace, "offline").count("RegistryUnavailable") == 1
 
 
 def checks_one(reasons: list[str], reason: str) -> list[str]:

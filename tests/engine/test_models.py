@@ -12,7 +12,9 @@ import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
+from moshi.models import loaders
 
+from asrpool.common import weights
 from asrpool.server import engine, models
 from tests.support import streams
 
@@ -80,7 +82,7 @@ def test_checkpoint_with_a_missing_file_is_refused(tmp_path: Path) -> None:
 
 def test_checkpoint_without_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(models.ModelError, match=r"no config\.json"):
+    with pytest.raises(models.ModelError, match=r"is missing config\.json"):
         models.load_model(str(tmp_path / "empty"))
 
 
@@ -126,3 +128,27 @@ def test_checkpoint_config_records_the_layout(tmp_path: Path) -> None:
     config = json.loads((path / "config.json").read_text())
     assert config["model_type"] == "stt"
     assert config["dep_q"] == 0
+
+
+def test_the_presets_are_the_ones_the_operator_accepts() -> None:
+    assert tuple(models.PRESETS) == weights.PRESET_NAMES
+
+
+def test_the_default_file_names_are_moshis() -> None:
+    assert (weights.DEFAULT_MOSHI_NAME, weights.DEFAULT_MIMI_NAME,
+            weights.DEFAULT_TOKENIZER_NAME) == (loaders.MOSHI_NAME, loaders.MIMI_NAME,
+                                                loaders.TEXT_TOKENIZER_NAME)
+
+
+@pytest.mark.parametrize(("choice", "device", "expected"), [
+    ("auto", "cpu", torch.float32), ("auto", "cuda", torch.bfloat16),
+    ("float32", "cuda", torch.float32), ("float16", "cpu", torch.float16),
+    ("bfloat16", "cpu", torch.bfloat16)])
+def test_one_dtype_policy_where_an_explicit_choice_wins(choice: str, device: str,
+                                                        expected: torch.dtype) -> None:
+    assert models.resolve_dtype(choice, device) == expected
+
+
+def test_an_unknown_dtype_is_refused_by_name() -> None:
+    with pytest.raises(models.ModelError, match="unknown dtype 'int8'"):
+        models.resolve_dtype("int8", "cpu")

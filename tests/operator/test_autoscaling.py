@@ -13,7 +13,7 @@ from asrpool.operator import autoscaling, pools
 def pool(**scaling: Any) -> pools.Pool:
     policy = {"enabled": True, "minSlots": 8, "maxSlots": 128, **scaling}
     return pools.from_body({"metadata": {"name": "p"}, "spec": {
-        "model": {"name": "m"}, "slots": 16, "slotsPerPod": 8, "autoscaling": policy}})
+        "model": {"name": "tiny"}, "slots": 16, "slotsPerPod": 8, "autoscaling": policy}})
 
 
 def test_recommendation_keeps_the_target_free_in_whole_pods() -> None:

@@ -15,8 +15,9 @@ CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://red
 
 
 def pool(**spec: Any) -> pools.Pool:
+    # A preset: what a repo or a volume adds is in tests/operator/test_sources.py.
     return pools.from_body({"metadata": {"name": "stt", "namespace": "speech"}, "spec": {
-        "model": {"name": "kyutai/stt-1b-en_fr"}, "slots": 20, "slotsPerPod": 8, **spec}})
+        "model": {"name": "stt-1b-en_fr"}, "slots": 20, "slotsPerPod": 8, **spec}})
 
 
 def deployment(**spec: Any) -> dict[str, Any]:
@@ -68,6 +69,7 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
         "name": "kyutai/stt-2.6b-en", "revision": "v1"}), CONFIG)
     assert config_map["data"] == {
         "ASRPOOL_MODEL": "kyutai/stt-2.6b-en", "ASRPOOL_MODEL_REVISION": "v1",
+        "HF_HUB_CACHE": "/var/cache/asrpool/hub", "HF_HUB_OFFLINE": "1", "ASRPOOL_DTYPE": "auto",
         "ASRPOOL_BATCH_SIZE": "8", "ASRPOOL_CONTEXT": "750", "ASRPOOL_DEVICE": "cuda",
         "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
         "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_DRAIN_GRACE_SECONDS": "60"}

@@ -87,7 +87,7 @@ def test_a_long_name_is_invalid() -> None:
     ({"slots": True}, "spec.slots must be an integer"),
     ({"slotsPerPod": 0}, "spec.slotsPerPod must be at least 1"),
     ({"model": "kyutai/stt"}, "spec.model must be an object"),
-    ({"model": {}}, "spec.model.name is required"),
+    ({"model": {}}, "spec.model needs exactly one of name"),
     ({"resources": {"memory": [1]}}, "spec.resources.memory"),
     ({"tolerations": "all"}, "spec.tolerations must be a list"),
     ({"auth": {"apiKeysSecret": {}}}, "spec.auth.apiKeysSecret.name is required"),

@@ -112,3 +112,72 @@ def test_pod_problems_name_what_a_platform_team_must_fix() -> None:
     leaving = _pod("p4", waiting={"reason": "ErrImagePull", "message": "not found"})
     leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert statuses.pod_problem(None, [leaving]) is None
+
+
+# A model that cannot be had: the exit code names the reason, the last line the cause.
+
+def _model_pod(name: str, *, init: list[dict[str, Any]] | None = None,
+         containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {
+        "initContainerStatuses": init or [], "containerStatuses": containers or []}}
+
+
+def _backing_off(name: str, code: int, message: str) -> dict[str, Any]:
+    return {"name": name, "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                                "message": f"back-off 40s restarting {name}"}},
+            "lastState": {"terminated": {"exitCode": code, "reason": "Error",
+                                         "message": f"some log line\n{message}\n"}}}
+
+
+def test_an_unreachable_hub_in_the_init_container_is_registry_unavailable() -> None:
+    line = "asrpool fetch-model: cannot reach the Hugging Face Hub at https://hf.co"
+    pods = [_model_pod("stt-a", init=[_backing_off("fetch-model", 4, line)],
+                 containers=[{"name": "server", "state": {"waiting": {
+                     "reason": "PodInitializing"}}}])]
+    problem = statuses.pod_problem(None, pods)
+    assert problem == statuses.Problem("RegistryUnavailable", f"container fetch-model: {line}")
+
+
+def test_a_server_that_finds_no_model_files_is_model_unavailable() -> None:
+    line = "asrpool serve: checkpoint directory /var/lib/asrpool/model is missing config.json"
+    pods = [_model_pod("stt-a", containers=[_backing_off("server", 3, line)]),
+            _model_pod("stt-b", containers=[_backing_off("server", 3, line)])]
+    problem = statuses.pod_problem(None, pods)
+    assert problem is not None and problem.reason == "ModelUnavailable"
+    assert problem.message == f"container server: {line}"  # the same for every pod: one event
+    assert problem == statuses.pod_problem(None, list(reversed(pods)))
+
+
+def test_a_crash_of_another_kind_stays_crash_loop_back_off() -> None:
+    pods = [_model_pod("stt-a", containers=[_backing_off("server", 1, "Traceback ...")])]
+    problem = statuses.pod_problem(None, pods)
+    assert problem is not None and problem.reason == "CrashLoopBackOff"
+    assert problem.message.startswith("stt-a/server: back-off")
+
+
+def test_a_missing_token_secret_in_the_init_container_is_a_config_error() -> None:
+    waiting = {"name": "fetch-model", "state": {"waiting": {
+        "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}
+    problem = statuses.pod_problem(None, [_model_pod("stt-a", init=[waiting])])
+    assert problem == statuses.Problem("CreateContainerConfigError",
+                                       'stt-a/fetch-model: secret "hf" not found')
+
+
+def test_a_server_ready_again_after_a_model_failure_is_no_problem() -> None:
+    running = {"name": "server", "state": {"running": {}}, "ready": True,
+               "lastState": {"terminated": {"exitCode": 3, "message": "gone"}}}
+    assert statuses.pod_problem(None, [_model_pod("stt-a", containers=[running])]) is None
+
+
+def test_a_retry_in_progress_is_still_the_problem() -> None:
+    """The fetch running again, or the server loading again: no flapping status."""
+    last = {"terminated": {"exitCode": 4, "message": "asrpool fetch-model: cannot reach"}}
+    fetching = {"name": "fetch-model", "state": {"running": {}}, "ready": True,
+                "lastState": last}
+    problem = statuses.pod_problem(None, [_model_pod("stt-a", init=[fetching])])
+    assert problem == statuses.Problem("RegistryUnavailable",
+                                       "container fetch-model: asrpool fetch-model: cannot reach")
+    loading = {"name": "server", "state": {"running": {}}, "ready": False,
+               "lastState": {"terminated": {"exitCode": 3, "message": "no files"}}}
+    problem = statuses.pod_problem(None, [_model_pod("stt-a", containers=[loading])])
+    assert problem is not None and problem.reason == "ModelUnavailable"

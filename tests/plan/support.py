@@ -12,7 +12,7 @@ def pool(slots_per_pod: int = 2, pods: int = 1, drain_grace: int = 60,
          **scaling: Any) -> pools.Pool:
     autoscaling = {"enabled": bool(scaling), "maxSlots": 1000, **scaling}
     return pools.from_body({"metadata": {"name": "p"}, "spec": {
-        "model": {"name": "m"}, "slots": pods * slots_per_pod, "slotsPerPod": slots_per_pod,
+        "model": {"name": "tiny"}, "slots": pods * slots_per_pod, "slotsPerPod": slots_per_pod,
         "drainGracePeriodSeconds": drain_grace, "autoscaling": autoscaling}})
 
 

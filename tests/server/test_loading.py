@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from asrpool.common import processes
+from asrpool.common import processes, weights
 from asrpool.server import app, engine, models, pods, settings
 from tests.support import kyutai_client, servers
 
@@ -81,7 +81,11 @@ async def test_not_ready_while_loading(gated: tuple[_Gate, str]) -> None:
         await kyutai_client.expect(ws, "Ready")
 
 
-def test_a_model_that_cannot_load_exits_1(tmp_path: Path) -> None:
-    server = servers.ServerProcess(tmp_path, model=str(tmp_path / "no-such-checkpoint")).start()
-    assert server.wait(120) == 1
-    assert "unknown model" in server.log() or "no-such-checkpoint" in server.log()
+def test_a_model_that_cannot_load_exits_3_and_its_last_line_says_why(tmp_path: Path) -> None:
+    """Exit 3 is ``weights.EXIT_MODEL_UNAVAILABLE``: the operator's ``ModelUnavailable``."""
+    missing = tmp_path / "no-such-checkpoint"
+    server = servers.ServerProcess(tmp_path, model=str(missing)).start()
+    assert server.wait(120) == weights.EXIT_MODEL_UNAVAILABLE
+    last = server.log().strip().splitlines()[-1]
+    assert last == f"asrpool serve: checkpoint directory {missing} does not exist (or is not a" \
+        " directory)"

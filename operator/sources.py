@@ -1,0 +1,259 @@
+"""Where a pool's model comes from (``spec.model``), read and checked, and what each form
+adds to the server pods: pure, like :mod:`asrpool.operator.children`.
+
+Three forms. ``name`` is a preset (random weights), an absolute path in the image, or a
+Hugging Face repo id; a repo is fetched once per cache by an init container running
+``asrpool fetch-model`` (the server's own image), and the server loads it from there
+offline. ``volume`` is a checkpoint directory on a PVC or a node's hostPath, mounted
+read-only. The cache of a repo is the pod's emptyDir (``sizeLimit``, with a matching
+``ephemeral-storage`` request, so the kubelet accounts for it instead of evicting the
+pod for disk pressure), a node's hostPath (one download per node) or a shared
+ReadWriteMany PVC (one download per pool).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from asrpool.common import weights
+
+MODEL_DIR = "/var/lib/asrpool/model"  # a volume's checkpoint directory, in the server
+CACHE_DIR = "/var/cache/asrpool"  # a repo's cache, in the init container and the server
+HUB_CACHE = f"{CACHE_DIR}/hub"
+FETCH_CONTAINER = "fetch-model"
+MODEL_VOLUME = "model"
+CACHE_VOLUME = "model-cache"
+CACHE_KINDS = ("emptyDir", "hostPath", "persistentVolumeClaim")
+DEFAULT_CACHE_SIZE = "20Gi"  # stt-2.6b-en is about 6 GB
+DEFAULT_CACHE_PATH = "/var/cache/asrpool"
+DEFAULT_LOAD_TIMEOUT_SECONDS = 600
+STARTUP_PROBE_PERIOD = 5
+DEFAULT_TOKEN_KEY = "token"
+Child = dict[str, Any]
+
+
+class InvalidModel(ValueError):
+    """``spec.model`` cannot be served as written; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Token:
+    secret: str
+    key: str = DEFAULT_TOKEN_KEY
+
+
+@dataclasses.dataclass(frozen=True)
+class Volume:
+    claim_name: str = ""
+    host_path: str = ""
+    sub_path: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    kind: str = "emptyDir"
+    size_limit: str = DEFAULT_CACHE_SIZE
+    path: str = DEFAULT_CACHE_PATH
+    claim_name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    name: str = ""  # a preset, a repo id or a path in the image; "" for a volume
+    revision: str = ""
+    token: Token | None = None
+    volume: Volume | None = None
+    cache: Cache = Cache()
+    load_timeout_seconds: int = DEFAULT_LOAD_TIMEOUT_SECONDS
+
+    @property
+    def kind(self) -> weights.Kind | None:
+        return weights.kind_of(self.name) if self.volume is None else weights.Kind.PATH
+
+    @property
+    def fetched(self) -> bool:
+        """A Hugging Face repo: an init container fetches it into the cache first."""
+        return self.volume is None and self.kind is weights.Kind.REPO
+
+    @property
+    def reference(self) -> str:
+        """What the server is told to load (``ASRPOOL_MODEL``)."""
+        return MODEL_DIR if self.volume is not None else self.name
+
+
+# Reading spec.model.
+
+def read(raw: Any) -> ModelSource:
+    if not isinstance(raw, Mapping):
+        raise InvalidModel(f"spec.model must be an object, got {type(raw).__name__}")
+    has_name, has_volume = bool(raw.get("name")), raw.get("volume") is not None
+    if has_name == has_volume:
+        raise InvalidModel("spec.model needs exactly one of name (a preset, a Hugging Face repo"
+                           " id or a path in the image) and volume (a checkpoint directory)")
+    source = ModelSource(
+        name=_text(raw, "name"), revision=_text(raw, "revision"),
+        token=_token(raw.get("tokenSecret")),
+        volume=_volume(raw["volume"]) if has_volume else None,
+        cache=_cache(raw.get("cache") or {}),
+        load_timeout_seconds=_seconds(raw, "loadTimeoutSeconds", DEFAULT_LOAD_TIMEOUT_SECONDS))
+    _check(source, raw)
+    return source
+
+
+def _check(source: ModelSource, raw: Mapping[str, Any]) -> None:
+    if source.kind is None:
+        raise InvalidModel(f"spec.model.name {source.name!r} is none of {weights.describe_kinds()}")
+    if not source.fetched:
+        extras = [field for field in ("tokenSecret", "cache") if raw.get(field) is not None]
+        if extras:
+            raise InvalidModel(f"spec.model.{extras[0]} applies to a Hugging Face repo only;"
+                               f" {_described(source)} is not fetched")
+
+
+def _described(source: ModelSource) -> str:
+    if source.volume is not None:
+        return "a volume"
+    return f"{source.name!r} ({source.kind.value if source.kind else 'unknown'})"
+
+
+def _token(raw: Any) -> Token | None:
+    if raw is None:
+        return None
+    ref = _object(raw, "tokenSecret")
+    return Token(_text(ref, "name", "tokenSecret.", required=True),
+                 _text(ref, "key", "tokenSecret.") or DEFAULT_TOKEN_KEY)
+
+
+def _volume(raw: Any) -> Volume:
+    ref = _object(raw, "volume")
+    volume = Volume(_text(ref, "claimName", "volume."), _text(ref, "hostPath", "volume."),
+                    _text(ref, "subPath", "volume."))
+    if bool(volume.claim_name) == bool(volume.host_path):
+        raise InvalidModel("spec.model.volume needs exactly one of claimName (a PVC) and"
+                           " hostPath (a folder on each node)")
+    if volume.host_path and not volume.host_path.startswith("/"):
+        raise InvalidModel(f"spec.model.volume.hostPath must be absolute, got {volume.host_path!r}")
+    if volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/"):
+        raise InvalidModel("spec.model.volume.subPath must be relative, without '..'")
+    return volume
+
+
+def _cache(raw: Any) -> Cache:
+    ref = _object(raw, "cache")
+    cache = Cache(kind=_text(ref, "type", "cache.") or "emptyDir",
+                  size_limit=str(ref.get("sizeLimit") or DEFAULT_CACHE_SIZE),
+                  path=_text(ref, "path", "cache.") or DEFAULT_CACHE_PATH,
+                  claim_name=_text(ref, "claimName", "cache."))
+    if cache.kind not in CACHE_KINDS:
+        raise InvalidModel(f"spec.model.cache.type must be one of {', '.join(CACHE_KINDS)},"
+                           f" got {cache.kind!r}")
+    if cache.kind == "persistentVolumeClaim" and not cache.claim_name:
+        raise InvalidModel("spec.model.cache.claimName is required for a persistentVolumeClaim"
+                           " cache (a ReadWriteMany claim every pod of the pool mounts)")
+    return cache
+
+
+def _object(raw: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise InvalidModel(f"spec.model.{field} must be an object")
+    return raw
+
+
+def _text(raw: Mapping[str, Any], field: str, where: str = "", *, required: bool = False) -> str:
+    value = raw.get(field)
+    if value is None or value == "":
+        if required:
+            raise InvalidModel(f"spec.model.{where}{field} is required")
+        return ""
+    if not isinstance(value, str):
+        raise InvalidModel(f"spec.model.{where}{field} must be a string, got {value!r}")
+    return value
+
+
+def _seconds(raw: Mapping[str, Any], field: str, default: int) -> int:
+    value = raw.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidModel(f"spec.model.{field} must be a positive integer, got {value!r}")
+    return value
+
+
+# What each form adds to the pods.
+
+def server_environment(source: ModelSource) -> dict[str, str]:
+    """The server's model settings (ConfigMap data; a change rolls the pods)."""
+    env = {"ASRPOOL_MODEL": source.reference}
+    if source.revision:
+        env["ASRPOOL_MODEL_REVISION"] = source.revision
+    if source.fetched:  # load what the init container fetched; never download at start
+        env.update(HF_HUB_CACHE=HUB_CACHE, HF_HUB_OFFLINE="1")
+    return env
+
+
+def volumes(source: ModelSource) -> list[Child]:
+    if source.volume is not None:
+        if source.volume.claim_name:
+            return [{"name": MODEL_VOLUME, "persistentVolumeClaim": {
+                "claimName": source.volume.claim_name, "readOnly": True}}]
+        return [{"name": MODEL_VOLUME, "hostPath": {"path": source.volume.host_path,
+                                                   "type": "Directory"}}]
+    if not source.fetched:
+        return []
+    cache = source.cache
+    if cache.kind == "hostPath":
+        return [{"name": CACHE_VOLUME, "hostPath": {"path": cache.path,
+                                                   "type": "DirectoryOrCreate"}}]
+    if cache.kind == "persistentVolumeClaim":
+        return [{"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}]
+    return [{"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": cache.size_limit}}]
+
+
+def server_mounts(source: ModelSource) -> list[Child]:
+    if source.volume is not None:
+        mount: Child = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
+        if source.volume.sub_path:
+            mount["subPath"] = source.volume.sub_path
+        return [mount]
+    if source.fetched:
+        return [{"name": CACHE_VOLUME, "mountPath": CACHE_DIR}]
+    return []
+
+
+def storage_requests(source: ModelSource) -> dict[str, str]:
+    """An emptyDir cache counts against the pod's ephemeral storage: ask for it."""
+    if source.fetched and source.cache.kind == "emptyDir":
+        return {"ephemeral-storage": source.cache.size_limit}
+    return {}
+
+
+def fetch_container(source: ModelSource, image: str, pull_policy: str,
+                    security: Child) -> Child | None:
+    """The init container that puts a repo into the cache, or None when nothing is fetched."""
+    if not source.fetched:
+        return None
+    args = [source.name, "--cache-dir", HUB_CACHE]
+    if source.revision:
+        args += ["--revision", source.revision]
+    env: list[Child] = [{"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
+                        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+                        # A stalled connection fails (and restarts with back-off), never hangs.
+                        {"name": "HF_HUB_DOWNLOAD_TIMEOUT", "value": "60"},
+                        {"name": "HF_HUB_ETAG_TIMEOUT", "value": "20"}]
+    if source.token is not None:  # from the Secret, into the environment: never in args
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": source.token.secret, "key": source.token.key}}})
+    return {
+        "name": FETCH_CONTAINER, "image": image, "imagePullPolicy": pull_policy,
+        "command": ["asrpool", "fetch-model"], "args": args, "env": env,
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_DIR}],
+        # Its last line on stderr says what failed; the operator puts it in the status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": security,
+    }
+
+
+def startup_failures(source: ModelSource) -> int:
+    """Startup-probe misses allowed: the model-load budget in probe periods."""
+    return max(1, math.ceil(source.load_timeout_seconds / STARTUP_PROBE_PERIOD))

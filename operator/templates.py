@@ -1,0 +1,150 @@
+"""What a pool passes through to its server pods' template, read, checked and merged.
+
+``env``/``envFrom`` and ``volumeMounts`` go to the server container and the
+``fetch-model`` init container (a proxy or a Hub mirror applies to both); ``volumes``,
+``imagePullSecrets``, ``serviceAccountName``, ``runtimeClassName`` and
+``topologySpreadConstraints`` to the pod; ``podMetadata`` labels and annotations to the
+pod template, where the operator's own labels and annotations win (the selector and
+the config hash must stay the operator's). Server pods do not mount a service-account
+token unless ``automountServiceAccountToken`` says so: they never call the API.
+Entries that would replace what the operator sets (an environment variable of the
+ConfigMap or the downward API, a volume or mount path of its own) are refused with the
+field's name: the Kubernetes API would silently take the last one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Child = dict[str, Any]
+
+
+class InvalidTemplate(ValueError):
+    """A pass-through field cannot be used as written; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PodTemplate:
+    env: tuple[Child, ...] = ()
+    env_from: tuple[Child, ...] = ()
+    volumes: tuple[Child, ...] = ()
+    volume_mounts: tuple[Child, ...] = ()
+    image_pull_secrets: tuple[Child, ...] = ()
+    service_account: str = ""
+    automount_token: bool = False
+    runtime_class: str = ""
+    topology_spread: tuple[Child, ...] = ()
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def read(spec: Mapping[str, Any]) -> PodTemplate:
+    automount = spec.get("automountServiceAccountToken", False)
+    if not isinstance(automount, bool):
+        raise InvalidTemplate("spec.automountServiceAccountToken must be true or false")
+    metadata = _object(spec, "podMetadata")
+    return PodTemplate(
+        env=_named(spec, "env"), env_from=_objects(spec, "envFrom"),
+        volumes=_named(spec, "volumes"), volume_mounts=_named(spec, "volumeMounts"),
+        image_pull_secrets=_named(spec, "imagePullSecrets"),
+        service_account=_text(spec, "serviceAccountName"), automount_token=automount,
+        runtime_class=_text(spec, "runtimeClassName"),
+        topology_spread=_objects(spec, "topologySpreadConstraints"),
+        labels=_strings(metadata, "labels"), annotations=_strings(metadata, "annotations"))
+
+
+def check_reserved(template: PodTemplate, env_names: Iterable[str],
+                   volume_names: Iterable[str], mount_paths: Iterable[str]) -> None:
+    """Refuse entries that would replace the operator's own."""
+    _refuse("spec.env", "environment variable", [e["name"] for e in template.env], env_names)
+    _refuse("spec.volumes", "volume", [v["name"] for v in template.volumes], volume_names)
+    paths = [str(m.get("mountPath", "")).rstrip("/") for m in template.volume_mounts]
+    _refuse("spec.volumeMounts", "mount path", paths, [p.rstrip("/") for p in mount_paths])
+    known = {v["name"] for v in template.volumes} | set(volume_names)
+    unknown = [m["name"] for m in template.volume_mounts if m["name"] not in known]
+    if unknown:
+        raise InvalidTemplate(f"spec.volumeMounts names volume {unknown[0]!r}, which is not in"
+                              " spec.volumes")
+
+
+def _refuse(field: str, what: str, given: list[str], reserved: Iterable[str]) -> None:
+    taken = sorted(set(given) & set(reserved))
+    if taken:
+        raise InvalidTemplate(f"{field}: {what} {taken[0]!r} is set by the operator; remove it"
+                              " (or use another name)")
+
+
+def pod_fields(template: PodTemplate) -> Child:
+    """Pod spec fields of the template (the operator's own are added by the caller)."""
+    fields: Child = {"automountServiceAccountToken": template.automount_token}
+    if template.service_account:
+        fields["serviceAccountName"] = template.service_account
+    if template.runtime_class:
+        fields["runtimeClassName"] = template.runtime_class
+    if template.image_pull_secrets:
+        fields["imagePullSecrets"] = [dict(item) for item in template.image_pull_secrets]
+    if template.topology_spread:
+        fields["topologySpreadConstraints"] = [dict(item) for item in template.topology_spread]
+    return fields
+
+
+def metadata(template: PodTemplate, labels: Mapping[str, str],
+             annotations: Mapping[str, str]) -> Child:
+    """The pod template's metadata: the pool's labels and annotations, the operator's on top."""
+    return {"labels": {**template.labels, **labels},
+            "annotations": {**template.annotations, **annotations}}
+
+
+def add_to_container(container: Child, template: PodTemplate) -> Child:
+    """The container with the template's environment and mounts after its own."""
+    result = dict(container)
+    if template.env:
+        result["env"] = [*container.get("env", []), *map(dict, template.env)]
+    if template.env_from:
+        result["envFrom"] = [*container.get("envFrom", []), *map(dict, template.env_from)]
+    if template.volume_mounts:
+        result["volumeMounts"] = [*container.get("volumeMounts", []),
+                                  *map(dict, template.volume_mounts)]
+    return result
+
+
+def _named(spec: Mapping[str, Any], field: str) -> tuple[Child, ...]:
+    items = _objects(spec, field)
+    for index, item in enumerate(items):
+        if not isinstance(item.get("name"), str) or not item["name"]:
+            raise InvalidTemplate(f"spec.{field}[{index}] needs a name")
+    names = [item["name"] for item in items]
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if doubled and field != "volumeMounts":
+        raise InvalidTemplate(f"spec.{field} names {doubled[0]!r} twice")
+    return items
+
+
+def _objects(spec: Mapping[str, Any], field: str) -> tuple[Child, ...]:
+    value = spec.get(field) or []
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise InvalidTemplate(f"spec.{field} must be a list of objects")
+    return tuple(dict(item) for item in value)
+
+
+def _object(spec: Mapping[str, Any], field: str) -> Mapping[str, Any]:
+    value = spec.get(field) or {}
+    if not isinstance(value, Mapping):
+        raise InvalidTemplate(f"spec.{field} must be an object")
+    return value
+
+
+def _strings(raw: Mapping[str, Any], field: str) -> dict[str, str]:
+    value = raw.get(field) or {}
+    if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+        raise InvalidTemplate(f"spec.podMetadata.{field} must map names to strings")
+    return dict(value)
+
+
+def _text(spec: Mapping[str, Any], field: str) -> str:
+    value = spec.get(field) or ""
+    if not isinstance(value, str):
+        raise InvalidTemplate(f"spec.{field} must be a string")
+    return value
