@@ -12,7 +12,8 @@ import pytest
 from asrpool.common import weights
 from asrpool.operator import children, naming, pools, settings, sources
 
-CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0")
+CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0",
+                                   redis_password_secret="redis")
 
 
 def pool(model: dict[str, Any], **spec: Any) -> pools.Pool:
