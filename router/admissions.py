@@ -122,8 +122,9 @@ class Admissions:
             started_ms=reply.now_ms,
         )
 
-    async def leave_queue(self, pool: str, ticket: str) -> None:
-        await self._leave(args=[pool, ticket])
+    async def leave_queue(self, pool: str, ticket: str, refused: bool = False) -> None:
+        """Leave the wait queue; ``refused``: the client is told 'busy' (counted as demand)."""
+        await self._leave(args=[pool, ticket, "1" if refused else "0"])
 
     async def attach(self, session: Session) -> bool:
         """The pod accepted: record what it said (its own ids, for a resume)."""

@@ -48,7 +48,7 @@ async def place(request: admissions.Request, deps: wiring.Deps) -> Placed | refu
                 await asyncio.sleep(config.queue_poll_s)
                 continue
             if ticket:
-                await deps.admissions.leave_queue(request.pool, ticket)
+                await deps.admissions.leave_queue(request.pool, ticket, got.reason == "busy")
             return refusal_for(got, request)
         outcome = await pods.open_stream(got.address, config)
         if isinstance(outcome, pods.Opened):

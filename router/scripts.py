@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from asrpool.common import waiting
+
 _PRELUDE = """
 local P = 'asrpool'
 local t = redis.call('TIME')
@@ -29,7 +31,14 @@ local function hold(pod, key_id, until_ms, sid)
   count(P .. ':pod:' .. pod .. ':sessions', until_ms, sid)
   if key_id ~= '' then count(P .. ':apikey:' .. key_id .. ':sessions', until_ms, sid) end
 end
-"""
+-- a request of the pool refused 'busy', for the operator's demand (common.waiting)
+local function refused(pool, id)
+  local key = P .. ':pool:' .. pool .. ':refused'
+  redis.call('ZADD', key, now, id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - REFUSALS_KEPT_MS)
+  redis.call('PEXPIRE', key, REFUSALS_KEPT_MS)
+end
+""".replace("REFUSALS_KEPT_MS", str(waiting.REFUSALS_KEPT_MS))
 
 # The load of one pod, mirroring policies.effective_used. Returns nil for a pod whose
 # heartbeat hash has expired.
@@ -142,7 +151,10 @@ if ticket ~= '' then
 else
   rank = redis.call('ZCARD', queue)
 end
-if best == nil or rank >= free_total then return {'busy', tostring(rank)} end
+if best == nil or rank >= free_total then
+  if ticket == '' then refused(pool, sid) end  -- a waiting client counts once it gives up
+  return {'busy', tostring(rank)}
+end
 if ticket ~= '' then
   redis.call('ZREM', queue, ticket)
   redis.call('ZREM', leases, ticket)
@@ -158,11 +170,12 @@ return {'ok', best.id, best.address, tostring(now)}
 """
 )
 
-# Leave the wait queue. ARGV: pool, ticket
+# Leave the wait queue. ARGV: pool, ticket, '1' when the client is refused 'busy'
 LEAVE_QUEUE = _PRELUDE + """
 local queue = P .. ':pool:' .. ARGV[1] .. ':queue'
 redis.call('ZREM', queue, ARGV[2])
 redis.call('ZREM', queue .. ':leases', ARGV[2])
+if ARGV[3] == '1' then refused(ARGV[1], ARGV[2]) end
 return 1
 """
 
