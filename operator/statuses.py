@@ -16,7 +16,8 @@ from asrpool.operator import naming, usage
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    # InvalidSpec, RegistryUnavailable, NameConflict, ProgressDeadlineExceeded, PodsUnschedulable,
+    # InvalidSpec, RegistryUnavailable, NameConflict, ApplyFailed, ProgressDeadlineExceeded,
+    # PodsUnschedulable,
     # ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, RunContainerError
     reason: str
     message: str

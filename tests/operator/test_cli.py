@@ -90,3 +90,13 @@ async def test_the_command_runs_the_operator_until_sigterm(
         code = await asyncio.to_thread(process.wait, 60)
         log.close()
     assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]
+
+
+def test_messages_never_show_the_redis_password() -> None:
+    config = settings.OperatorSettings(all_namespaces=True,
+                                       redis_url="redis://:s3cret@redis:6379/0")
+    assert config.redis_url_shown == "redis://:***@redis:6379/0"
+    named = settings.OperatorSettings(all_namespaces=True, redis_url="redis://op:pw@r:1/0")
+    assert named.redis_url_shown == "redis://op:***@r:1/0"
+    plain = settings.OperatorSettings(all_namespaces=True, redis_url="redis://r:6379/0")
+    assert plain.redis_url_shown == "redis://r:6379/0"

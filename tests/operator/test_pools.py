@@ -96,3 +96,14 @@ def test_missing_slots_is_caught() -> None:
     del raw["spec"]["slots"]
     with pytest.raises(pools.InvalidPool, match=r"spec\.slots is required"):
         pools.from_body(raw)
+
+
+def test_a_rollout_that_could_never_move_is_invalid() -> None:
+    _rejects({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}},
+             "spec.rollout.maxSurge and maxUnavailable are both 0")
+
+
+def test_rollout_and_budget_values_are_pods_or_percentages() -> None:
+    _rejects({"rollout": {"maxSurge": "lots"}}, "spec.rollout.maxSurge", "'25%'")
+    _rejects({"disruptionBudget": {"maxUnavailable": -1}}, "spec.disruptionBudget.maxUnavailable")
+    _rejects({"disruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}}, "not both")
