@@ -137,7 +137,13 @@ async def _autoscale(
     """Move ``spec.slots`` toward the demand; the change handler then scales the pods.
     A fresh memory is seeded from spec.slots, so a restart never scales down at once."""
     pool, slot_use = result.pool, result.observed.slot_use
-    if pool is None or not pool.autoscaling.enabled or slot_use is None:
+    previous = (body.get("status") or {}).get("autoscaling") or {}
+    if pool is not None and not pool.autoscaling.enabled:
+        if previous:
+            patch.status["autoscaling"] = None  # off: no stale report
+        memo.pop("autoscaling", None)  # turned on again later: seeded afresh
+        return
+    if pool is None or slot_use is None:
         return
     context: reconciling.Context = memo.context
     demand = await scaling.read_demand(context.redis, pool, slot_use, context.config.resync_seconds)
@@ -151,7 +157,6 @@ async def _autoscale(
         patch.spec["slots"] = decision.slots
         kopf.event(body, type="Normal", reason="Autoscaled",
                    message=scaling.message(pool.slots, decision, demand, pool))
-    previous = (body.get("status") or {}).get("autoscaling") or {}
     report = scaling.status(decision, demand, _now() if scaled else None, previous)
     if report != previous:
         patch.status["autoscaling"] = report

@@ -205,3 +205,9 @@ async def test_autoscaling_follows_the_streams(
     await checks.beat(redis_server.url, "stt-x", 24, 24)
     await eventually(lambda: checks.assert_equal(checks.replicas(cluster), 1))
     await eventually(lambda: cluster.events(NS, "Autoscaled")[1])
+    report = checks.pool_status(cluster)["autoscaling"]
+    assert (report["desiredSlots"], report["recommendedSlots"]) == (8, 8)
+    assert report["limitedBy"] == "MinSlots" and "lastScaleTime" in report
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"autoscaling": {"enabled": False}}})
+    await eventually(lambda: checks.assert_equal(
+        "autoscaling" in checks.pool_status(cluster), False))
