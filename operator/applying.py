@@ -4,14 +4,18 @@ The whole desired object is applied under the operator's field manager, so a fie
 pool no longer asks for (a removed node selector, toleration or env entry) is removed
 from the child, and nothing another manager added is touched. A same-named object that
 is not the pool's (no managed-by label of ours, or another controller's) is never taken
-over: the pool reports ``NameConflict`` instead.
+over: the pool reports ``NameConflict`` instead. An apply the API server refuses (an
+immutable field such as a Deployment's selector or a Service's ``clusterIP``, a value
+it rejects, a forbidden call) is reported with the server's message (``ApplyFailed``)
+and tried again at the next resync, not in a tight loop; the other children are still
+applied.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from asrpool.operator import diffs, kube, naming
 
@@ -21,6 +25,18 @@ class Action(enum.Enum):
     UPDATED = "Updated"
     UNCHANGED = "Unchanged"
     REFUSED = "Refused"  # a same-named object the operator does not own: left untouched
+    FAILED = "Failed"  # the API server refused the apply (see Applied.error)
+
+
+# Refusals that the same request will meet again: not worth a quick retry. Anything
+# else (no answer, 5xx, 404 of a namespace being deleted, 409, 429) is retried soon.
+REFUSED_BY_SERVER = {400, 403, 422}
+
+
+class Applied(NamedTuple):
+    child: dict[str, Any]
+    action: Action
+    error: str = ""  # the API server's message, for FAILED
 
 
 def owns(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
@@ -34,17 +50,26 @@ def owns(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     return all(ref.get("uid") in ours for ref in controllers)
 
 
-async def apply_all(api: kube.Kube, built: list[dict[str, Any]]
-                    ) -> list[tuple[dict[str, Any], Action]]:
+async def apply_all(api: kube.Kube, built: list[dict[str, Any]]) -> list[Applied]:
     """Apply every child, or none: if a same-named object is not ours, nothing is applied
     (a Deployment must never read a stranger's ConfigMap) and those are reported."""
     lives = [await _live(api, desired) for desired in built]
-    refused = [(desired, Action.REFUSED) for desired, live in zip(built, lives, strict=True)
+    refused = [Applied(desired, Action.REFUSED) for desired, live in zip(built, lives, strict=True)
                if live is not None and not owns(live, desired)]
     if refused:
         return refused
-    return [(desired, await apply(api, desired, live))
+    return [await _apply_or_report(api, desired, live)
             for desired, live in zip(built, lives, strict=True)]
+
+
+async def _apply_or_report(api: kube.Kube, desired: dict[str, Any],
+                           live: Mapping[str, Any] | None) -> Applied:
+    try:
+        return Applied(desired, await apply(api, desired, live))
+    except kube.KubeError as exc:
+        if exc.status not in REFUSED_BY_SERVER:
+            raise
+        return Applied(desired, Action.FAILED, str(exc))
 
 
 async def apply(api: kube.Kube, desired: Mapping[str, Any],

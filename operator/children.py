@@ -7,6 +7,7 @@ strings, so that a child read back compares equal to what was built.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -19,13 +20,25 @@ Child = dict[str, Any]
 
 def build_all(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
     """Every child of the pool, the ConfigMap first (the pods read it)."""
+    pool = with_default_pod_token(pool, config)
     config_map = build_config_map(pool, config)
     return [
         config_map,
         build_deployment(pool, config, config_hash(config_map)),
         build_service(pool),
         build_disruption_budget(pool),
+        *([build_network_policy(pool, config)] if config.network_policy else []),
     ]
+
+
+def with_default_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> pools.Pool:
+    """A pool that names no pod token gets the operator's default one (the chart's
+    generated Secret, present in every pool namespace it knows), so that no pool's pods
+    take streams from anyone but the routers unless told to."""
+    if pool.pod_token is not None or not config.default_pod_token_secret:
+        return pool
+    default = pools.SecretKey(config.default_pod_token_secret, config.default_pod_token_key)
+    return dataclasses.replace(pool, pod_token=default)
 
 
 def build_config_map(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
@@ -70,11 +83,12 @@ def build_deployment(pool: pools.Pool, config: settings.OperatorSettings, digest
         "spec": {
             "replicas": pool.pods,
             "selector": {"matchLabels": naming.selector(pool.name)},
-            # One new pod before an old one goes: a roll never lowers the slots on offer,
-            # and each old pod drains its streams on SIGTERM.
+            # By default one new pod before an old one goes: a roll never lowers the slots
+            # on offer, and each old pod drains its streams on SIGTERM.
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                "rollingUpdate": {"maxSurge": pool.rollout.max_surge,
+                                  "maxUnavailable": pool.rollout.max_unavailable},
             },
             "revisionHistoryLimit": 3,
             "template": build_pod_template(pool, config, digest),
@@ -92,7 +106,23 @@ def pod_security() -> Child:
 
 
 def container_security() -> Child:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Read-only root: what the server writes goes to the emptyDirs of
+    :func:`writable_volumes` (scratch space and the downloaded model)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True}
+
+
+# (volume name, mount path): the only paths a server pod writes. HF_HOME is /models in
+# the image (the model downloads there at start); /tmp for Python's and torch's scratch.
+WRITABLE_PATHS = (("tmp", "/tmp"), ("models", "/models"))
+
+
+def writable_volumes() -> list[Child]:
+    return [{"name": name, "emptyDir": {}} for name, _ in WRITABLE_PATHS]
+
+
+def writable_mounts() -> list[Child]:
+    return [{"name": name, "mountPath": path} for name, path in WRITABLE_PATHS]
 
 
 def build_pod_template(pool: pools.Pool, config: settings.OperatorSettings, digest: str) -> Child:
@@ -107,9 +137,7 @@ def build_pod_template(pool: pools.Pool, config: settings.OperatorSettings, dige
     fetch = build_fetch_container(pool, config)
     if fetch is not None:
         spec["initContainers"] = [fetch]
-    volumes = _volumes(pool)
-    if volumes:
-        spec["volumes"] = volumes
+    spec["volumes"] = [*writable_volumes(), *_volumes(pool)]
     return {
         "metadata": templates.metadata(pool.template, naming.labels(pool.name),
                                        {naming.CONFIG_HASH_ANNOTATION: digest}),
@@ -121,7 +149,10 @@ def build_fetch_container(pool: pools.Pool, config: settings.OperatorSettings) -
     """``asrpool fetch-model`` into the cache, before the server starts (repos only)."""
     fetch = sources.fetch_container(pool.source, pool.image or config.default_image,
                                     pool.image_pull_policy, container_security())
-    return None if fetch is None else templates.add_to_container(fetch, pool.template)
+    if fetch is None:
+        return None
+    fetch["volumeMounts"] = [*writable_mounts(), *fetch.get("volumeMounts", [])]  # read-only root
+    return templates.add_to_container(fetch, pool.template)
 
 
 def _volumes(pool: pools.Pool) -> list[Child]:
@@ -156,11 +187,10 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security(),
     }
-    mounts = [{"name": pools.KEYS_VOLUME, "mountPath": KEYS_DIR, "readOnly": True}] \
-        if pool.api_keys is not None else []
-    mounts += sources.server_mounts(pool.source)
-    if mounts:
-        container["volumeMounts"] = mounts
+    mounts = writable_mounts()
+    if pool.api_keys is not None:
+        mounts.append({"name": pools.KEYS_VOLUME, "mountPath": KEYS_DIR, "readOnly": True})
+    container["volumeMounts"] = [*mounts, *sources.server_mounts(pool.source)]
     return templates.add_to_container(container, pool.template)
 
 
@@ -236,12 +266,32 @@ def build_service(pool: pools.Pool) -> Child:
 
 
 def build_disruption_budget(pool: pools.Pool) -> Child:
-    """Voluntary evictions (node drains) take one pod at a time; each drains its streams."""
+    """Voluntary evictions (node drains) take one pod at a time by default; each drains
+    its streams."""
+    budget = pool.disruption_budget
+    limit = ({"maxUnavailable": budget.max_unavailable} if budget.min_available is None
+             else {"minAvailable": budget.min_available})
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(pool, naming.disruption_budget(pool.name)),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector(pool.name)}},
+        "spec": {**limit, "selector": {"matchLabels": naming.selector(pool.name)}},
+    }
+
+
+def build_network_policy(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
+    """Only the configured peers (routers, by default) reach the server port; nothing
+    else in the cluster can open a stream on a pod directly. Metrics share that port."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(pool, naming.network_policy(pool.name)),
+        "spec": {
+            "podSelector": {"matchLabels": naming.selector(pool.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [dict(peer) for peer in config.network_policy_from],
+                         "ports": [{"port": settings.SERVER_PORT, "protocol": "TCP"}]}],
+        },
     }
 
 

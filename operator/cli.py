@@ -7,6 +7,7 @@ subcommand runs.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         " in-cluster credentials, then kubeconfig")
     parser.add_argument("--liveness", dest="liveness_endpoint", metavar="URL",
                         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument("--network-policy", action=argparse.BooleanOptionalAction,
+                        help="make a NetworkPolicy per pool (default: on)")
+    parser.add_argument("--network-policy-from", type=json.loads, metavar="JSON",
+                        help="the peers its server port admits, as NetworkPolicy 'from'"
+                        " entries (default: router pods of any namespace)")
+    parser.add_argument("--default-pod-token-secret", metavar="NAME",
+                        help="Secret with the router-to-pod token for pools that name none"
+                        " (in each pool's namespace)")
+    parser.add_argument("--default-pod-token-key", metavar="KEY",
+                        help="its key (default: token)")
+    parser.add_argument("--peering", metavar="NAME",
+                        help="run as one of several replicas through the kopf peering object"
+                        " NAME: only the one of highest priority acts (default: standalone)")
+    parser.add_argument("--priority", type=int,
+                        help="this replica's peering priority (default: a random one)")
     parser.add_argument("--log-level", help="debug, info, warning, error")
     parser.set_defaults(handler=_run)
 
@@ -59,7 +75,8 @@ _FIELDS = (
     "redis_password_file", "redis_password_secret", "redis_password_secret_key",
     "default_image",
     "resync_seconds", "termination_margin_seconds", "kube_api_url", "liveness_endpoint",
-    "log_level",
+    "log_level", "peering", "priority", "network_policy", "network_policy_from",
+    "default_pod_token_secret", "default_pod_token_key",
 )
 
 

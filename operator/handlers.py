@@ -24,6 +24,7 @@ from asrpool.operator import (
     kube,
     naming,
     reconciling,
+    scaling,
     settings,
     statuses,
 )
@@ -88,7 +89,7 @@ def _register_pools(registry: kopf.OperatorRegistry, config: settings.OperatorSe
     async def resync_pool(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
         result = await _pass(memo, body)
         _report(body, patch, result)
-        _autoscale(body, memo, patch, result)
+        await _autoscale(body, memo, patch, result)
 
 
 async def _pass(memo: kopf.Memo, body: kopf.Body) -> reconciling.Result:
@@ -110,7 +111,7 @@ def _report(body: kopf.Body, patch: kopf.Patch, result: reconciling.Result) -> N
 
 
 def _post_events(body: kopf.Body, result: reconciling.Result, previous: dict[str, Any]) -> None:
-    for child, action in result.actions:
+    for child, action, _ in result.actions:
         if action in (applying.Action.CREATED, applying.Action.UPDATED):
             message = f"{action.value} {applying.describe(child)}"
             kopf.event(body, type="Normal", reason=action.value, message=message)
@@ -131,22 +132,35 @@ def _degraded_message(status: dict[str, Any]) -> str | None:
     return found[0].get("message") if found else None
 
 
-def _autoscale(
+async def _autoscale(
     body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, result: reconciling.Result
 ) -> None:
-    """Move ``spec.slots`` toward the slot use; the change handler then scales the pods."""
+    """Move ``spec.slots`` toward the demand; the change handler then scales the pods.
+    A fresh memory is seeded from spec.slots, so a restart never scales down at once."""
     pool, slot_use = result.pool, result.observed.slot_use
-    if pool is None or not pool.autoscaling.enabled or slot_use is None:
+    previous = (body.get("status") or {}).get("autoscaling") or {}
+    if pool is not None and not pool.autoscaling.enabled:
+        if previous:
+            patch.status["autoscaling"] = None  # off: no stale report
+        memo.pop("autoscaling", None)  # turned on again later: seeded afresh
+        return
+    if pool is None or slot_use is None:
+        return
+    context: reconciling.Context = memo.context
+    demand = await scaling.read_demand(context.redis, pool, slot_use, context.config.resync_seconds)
+    if demand is None:
         return
     now = time.monotonic()
-    sample = autoscaling.Sample(now, autoscaling.recommend(slot_use.active_streams, pool))
-    memo.samples = autoscaling.remember(memo.get("samples", []), sample, pool)
-    target = autoscaling.decide(memo.samples, now, pool.slots, pool)
-    if target != pool.slots:
-        patch.spec["slots"] = target
-        kopf.event(body, type="Normal", reason="Autoscaled", message=(
-            f"spec.slots {pool.slots} -> {target}: {slot_use.active_streams} active streams,"
-            f" {pool.autoscaling.target_free_fraction:.0%} kept free"))
+    state = memo.get("autoscaling") or autoscaling.seeded(now, pool.slots)
+    memo.autoscaling, decision = autoscaling.step(state, demand, now, pool.slots, pool)
+    scaled = decision.slots != pool.slots
+    if scaled:
+        patch.spec["slots"] = decision.slots
+        kopf.event(body, type="Normal", reason="Autoscaled",
+                   message=scaling.message(pool.slots, decision, demand, pool))
+    report = scaling.status(decision, demand, _now() if scaled else None, previous)
+    if report != previous:
+        patch.status["autoscaling"] = report
 
 
 def _now() -> str:

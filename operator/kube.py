@@ -45,6 +45,7 @@ SERVICES = Kind("v1", "services")
 PODS = Kind("v1", "pods")
 DEPLOYMENTS = Kind("apps/v1", "deployments")
 DISRUPTION_BUDGETS = Kind("policy/v1", "poddisruptionbudgets")
+NETWORK_POLICIES = Kind("networking.k8s.io/v1", "networkpolicies")
 POOLS = Kind("asrpool.io/v1alpha1", "streamingasrpools")
 _BY_KIND = {
     ("v1", "ConfigMap"): CONFIG_MAPS,
@@ -52,6 +53,7 @@ _BY_KIND = {
     ("v1", "Pod"): PODS,
     ("apps/v1", "Deployment"): DEPLOYMENTS,
     ("policy/v1", "PodDisruptionBudget"): DISRUPTION_BUDGETS,
+    ("networking.k8s.io/v1", "NetworkPolicy"): NETWORK_POLICIES,
     ("asrpool.io/v1alpha1", "StreamingASRPool"): POOLS,
 }
 

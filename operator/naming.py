@@ -48,3 +48,7 @@ def disruption_budget(pool_name: str) -> str:
 
 def config_map(pool_name: str) -> str:
     return f"{pool_name}-config"
+
+
+def network_policy(pool_name: str) -> str:
+    return pool_name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,13 +32,62 @@ class InvalidPool(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class ScalingPolicy:
+    """One rate limit, as an HPA's ``behavior`` policy: ``Pods`` counts server pods."""
+
+    type: str  # Pods | Percent
+    value: int
+    period_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingRules:
+    select: str = "Max"  # Max | Min | Disabled
+    policies: tuple[ScalingPolicy, ...] = ()
+
+
+# The HPA's defaults (autoscaling/v2): up by 4 pods or 100% per 15 s, whichever is
+# more; down by up to 100% per 15 s (the stabilisation window does the waiting).
+DEFAULT_SCALE_UP = ScalingRules("Max", (ScalingPolicy("Pods", 4, 15.0),
+                                        ScalingPolicy("Percent", 100, 15.0)))
+DEFAULT_SCALE_DOWN = ScalingRules("Max", (ScalingPolicy("Percent", 100, 15.0),))
+
+
+@dataclasses.dataclass(frozen=True)
+class Behavior:
+    scale_up: ScalingRules = DEFAULT_SCALE_UP
+    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+
+
+@dataclasses.dataclass(frozen=True)
 class Autoscaling:
     enabled: bool = False
-    min_slots: int = 0
+    min_slots: int = 0  # from_body defaults it to one pod's slots
     max_slots: int = 0
     target_free_fraction: float = 0.25
     scale_up_seconds: float = 0.0
     scale_down_seconds: float = 300.0
+    behavior: Behavior = Behavior()
+
+
+IntOrPercent = int | str  # 1 or "25%", as the Deployment and PDB APIs take them
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """The Deployment's RollingUpdate. One new pod before an old one goes (the default):
+    a roll never lowers the slots on offer, but each surge pod needs a spare GPU."""
+
+    max_surge: IntOrPercent = 1
+    max_unavailable: IntOrPercent = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DisruptionBudget:
+    """The PodDisruptionBudget: exactly one of the two; by default one pod at a time."""
+
+    max_unavailable: IntOrPercent | None = 1
+    min_available: IntOrPercent | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +127,8 @@ class Pool:
     dtype: str = DEFAULT_DTYPE
     template: templates.PodTemplate = dataclasses.field(  # pod template pass-through
         default_factory=templates.PodTemplate)
+    rollout: Rollout = Rollout()
+    disruption_budget: DisruptionBudget = DisruptionBudget()
 
     @property
     def pods(self) -> int:
@@ -111,7 +163,7 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         dtype=_dtype(spec),
         template=template,
         slots=_integer(spec, "slots", required=True),
-        slots_per_pod=_integer(spec, "slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1),
+        slots_per_pod=_slots_per_pod(spec),
         context=_integer(spec, "context", DEFAULT_CONTEXT, minimum=1),
         image=_text(spec, "image"),
         image_pull_policy=_text(spec, "imagePullPolicy") or DEFAULT_PULL_POLICY,
@@ -121,9 +173,11 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         tolerations=tuple(_list(spec, "tolerations")),
         affinity=_mapping(spec, "affinity"),
         priority_class=_text(spec, "priorityClassName"),
-        autoscaling=_autoscaling(_section(spec, "autoscaling")),
+        autoscaling=_autoscaling(_section(spec, "autoscaling"), _slots_per_pod(spec)),
         api_keys=_secret(_section(spec, "auth"), "apiKeysSecret", "keys.yaml"),
         pod_token=_secret(_section(spec, "auth"), "podTokenSecret", "token"),
+        rollout=_rollout(_section(spec, "rollout")),
+        disruption_budget=_disruption_budget(_section(spec, "disruptionBudget")),
         **_resources(_section(spec, "resources")),
     )
     check(pool)
@@ -164,8 +218,10 @@ RESERVED_ENV = frozenset({
     "HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY",
     "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"})
 KEYS_VOLUME, KEYS_DIR = "api-keys", "/etc/asrpool/keys"
-RESERVED_VOLUMES = frozenset({KEYS_VOLUME, sources.MODEL_VOLUME, sources.CACHE_VOLUME})
-RESERVED_MOUNTS = frozenset({KEYS_DIR, sources.MODEL_DIR, sources.CACHE_DIR})
+# The read-only root's writable emptyDirs (children.WRITABLE_PATHS) are the operator's too.
+RESERVED_VOLUMES = frozenset({KEYS_VOLUME, sources.MODEL_VOLUME, sources.CACHE_VOLUME,
+                              "tmp", "models"})
+RESERVED_MOUNTS = frozenset({KEYS_DIR, sources.MODEL_DIR, sources.CACHE_DIR, "/tmp", "/models"})
 
 
 def check(pool: Pool) -> None:
@@ -180,15 +236,15 @@ def check(pool: Pool) -> None:
     except templates.InvalidTemplate as exc:
         raise InvalidPool(str(exc)) from exc
     _check_autoscaling(pool)
-    _check_auth(pool)
     _check_gpu_budget(pool, pool.slots, "spec.slots")
     if pool.autoscaling.enabled:
         _check_gpu_budget(pool, pool.autoscaling.max_slots, "spec.autoscaling.maxSlots")
 
 
-def _check_auth(pool: Pool) -> None:
+def check_auth(pool: Pool) -> None:
     """Pods with API keys let in a router only by its pod token: the router checks the
-    client's key and never forwards it."""
+    client's key and never forwards it. Checked once the operator's default token (if
+    any) is applied (children.with_default_pod_token)."""
     if pool.api_keys is not None and pool.pod_token is None:
         raise InvalidPool(
             "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret (the routers' token):"
@@ -206,7 +262,8 @@ def _check_autoscaling(pool: Pool) -> None:
     if scaling.min_slots > scaling.max_slots:
         raise InvalidPool(
             f"spec.autoscaling.minSlots ({scaling.min_slots}) is above maxSlots"
-            f" ({scaling.max_slots}); lower minSlots or raise maxSlots"
+            f" ({scaling.max_slots}); lower minSlots or raise maxSlots (minSlots left out is"
+            " one pod's slots, slotsPerPod)"
         )
 
 
@@ -224,15 +281,50 @@ def _check_gpu_budget(pool: Pool, slots: int, field: str) -> None:
     )
 
 
-def _autoscaling(raw: Mapping[str, Any]) -> Autoscaling:
+def _slots_per_pod(spec: Mapping[str, Any]) -> int:
+    return _integer(spec, "slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1)
+
+
+def _autoscaling(raw: Mapping[str, Any], slots_per_pod: int) -> Autoscaling:
+    """``minSlots`` defaults to one pod's slots: a pool goes to zero only when told to."""
     return Autoscaling(
         enabled=_flag(raw, "enabled"),
-        min_slots=_integer(raw, "minSlots", 0, where="autoscaling."),
+        min_slots=_integer(raw, "minSlots", slots_per_pod, where="autoscaling."),
         max_slots=_integer(raw, "maxSlots", 0, where="autoscaling."),
         target_free_fraction=_number(raw, "targetFreeFraction", 0.25),
         scale_up_seconds=_number(raw, "scaleUpStabilizationSeconds", 0.0),
         scale_down_seconds=_number(raw, "scaleDownStabilizationSeconds", 300.0),
+        behavior=_behavior(_section(raw, "behavior", where="autoscaling.")),
     )
+
+
+def _behavior(raw: Mapping[str, Any]) -> Behavior:
+    return Behavior(
+        scale_up=_rules(raw, "scaleUp", DEFAULT_SCALE_UP),
+        scale_down=_rules(raw, "scaleDown", DEFAULT_SCALE_DOWN),
+    )
+
+
+def _rules(raw: Mapping[str, Any], field: str, default: ScalingRules) -> ScalingRules:
+    """One direction's rules; each part left out keeps the HPA's default."""
+    where = f"autoscaling.behavior.{field}."
+    section = _section(raw, field, where="autoscaling.behavior.")
+    select = _text(section, "selectPolicy", where=where) or default.select
+    if select not in ("Max", "Min", "Disabled"):
+        raise InvalidPool(f"spec.{where}selectPolicy must be Max, Min or Disabled, got {select!r}")
+    if "policies" not in section:
+        return ScalingRules(select, default.policies)
+    return ScalingRules(select, tuple(_policy(item, f"{where}policies[{i}].")
+                                      for i, item in enumerate(_list(section, "policies"))))
+
+
+def _policy(raw: Mapping[str, Any], where: str) -> ScalingPolicy:
+    kind = _text(raw, "type", required=True, where=where)
+    if kind not in ("Pods", "Percent"):
+        raise InvalidPool(f"spec.{where}type must be Pods or Percent, got {kind!r}")
+    return ScalingPolicy(kind, _integer(raw, "value", required=True, minimum=1, where=where),
+                         float(_integer(raw, "periodSeconds", required=True, minimum=1,
+                                        where=where)))
 
 
 def _resources(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -327,3 +419,42 @@ def _list(raw: Mapping[str, Any], field: str) -> list[Mapping[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
         raise InvalidPool(f"spec.{field} must be a list of objects")
     return value
+
+
+def _rollout(raw: Mapping[str, Any]) -> Rollout:
+    rollout = Rollout(
+        max_surge=_int_or_percent(raw, "maxSurge", 1, where="rollout."),
+        max_unavailable=_int_or_percent(raw, "maxUnavailable", 0, where="rollout."),
+    )
+    if _is_zero(rollout.max_surge) and _is_zero(rollout.max_unavailable):
+        raise InvalidPool("spec.rollout.maxSurge and maxUnavailable are both 0: a rollout could"
+                          " never move; raise one of them (maxSurge 1 needs one spare GPU)")
+    return rollout
+
+
+def _disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
+    if "maxUnavailable" in raw and "minAvailable" in raw:
+        raise InvalidPool("spec.disruptionBudget takes maxUnavailable or minAvailable, not both")
+    if "minAvailable" in raw:
+        minimum = _int_or_percent(raw, "minAvailable", 0, where="disruptionBudget.")
+        return DisruptionBudget(max_unavailable=None, min_available=minimum)
+    return DisruptionBudget(
+        max_unavailable=_int_or_percent(raw, "maxUnavailable", 1, where="disruptionBudget."))
+
+
+_PERCENT = re.compile(r"(100|[1-9]?[0-9])%")
+
+
+def _int_or_percent(raw: Mapping[str, Any], field: str, default: IntOrPercent, *,
+                    where: str) -> IntOrPercent:
+    value = raw.get(field, default)
+    if isinstance(value, str) and _PERCENT.fullmatch(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InvalidPool(f"spec.{where}{field} must be a whole number of pods or a percentage"
+                      f" like '25%', got {value!r}")
+
+
+def _is_zero(value: IntOrPercent) -> bool:
+    return value in (0, "0%")

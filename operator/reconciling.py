@@ -15,7 +15,7 @@ import kopf
 import redis
 import redis.asyncio as aioredis
 
-from asrpool.common import redis_clients, registry
+from asrpool.common import registry
 from asrpool.operator import applying, children, kube, naming, pools, settings, statuses, usage
 
 REDIS_RETRY_SECONDS = 5
@@ -34,7 +34,7 @@ class Context:
 class Result:
     pool: pools.Pool | None  # None when the spec is invalid
     observed: statuses.Observed
-    actions: list[tuple[dict[str, Any], applying.Action]]
+    actions: list[applying.Applied]
     scaled_from: int | None = None  # server pods before, when this pass changed them
     costs_set: int = 0  # pods whose deletion cost this pass wrote
 
@@ -46,7 +46,8 @@ class Result:
 
 async def reconcile(context: Context, body: kopf.Body) -> Result:
     try:
-        pool = pools.from_body(body)
+        pool = children.with_default_pod_token(pools.from_body(body), context.config)
+        pools.check_auth(pool)
     except pools.InvalidPool as exc:
         return await _observe_invalid(context, body, str(exc))
     built = children.build_all(pool, context.config)
@@ -58,7 +59,8 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     actions = await applying.apply_all(context.kube, built)
     deployment = await _deployment(context, pool.namespace, pool.name)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
-    problem = _name_conflict(actions) or statuses.pod_problem(deployment, pods)
+    problem = (_name_conflict(actions) or _apply_failed(actions)
+               or statuses.pod_problem(deployment, pods))
     observed = _observed(body, pool.name, pool.pods, deployment, beats, problem)
     scaled_from = current if current is not None and current != pool.pods else None
     return Result(pool, observed, actions, scaled_from, costs_set)
@@ -84,8 +86,7 @@ async def _protect_streams(
         return 0
     if beats is None:
         raise kopf.TemporaryError(
-            f"cannot read live slot use from Redis"
-            f" ({redis_clients.without_password(context.config.redis_url)}); not lowering"
+            f"cannot read live slot use from Redis ({context.config.redis_url_shown}); not lowering"
             f" server pods from {current} to {pool.pods} until it can", delay=REDIS_RETRY_SECONDS)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
     changes = usage.cost_changes(pods, usage.deletion_costs(pods, beats))
@@ -101,16 +102,25 @@ async def _protect_streams(
     return marked
 
 
-def _name_conflict(actions: list[tuple[dict[str, Any], applying.Action]]
-                   ) -> statuses.Problem | None:
-    refused = [applying.describe(child) for child, action in actions
-               if action is applying.Action.REFUSED]
+def _name_conflict(actions: list[applying.Applied]) -> statuses.Problem | None:
+    refused = [applying.describe(applied.child) for applied in actions
+               if applied.action is applying.Action.REFUSED]
     if not refused:
         return None
     return statuses.Problem("NameConflict", f"{', '.join(refused)} already exist(s) and "
                             f"belong(s) to someone else (no {naming.MANAGED_BY_LABEL}="
                             f"{naming.MANAGER} label, or another controller): rename or "
                             "remove it, or rename the pool; it was left untouched")
+
+
+def _apply_failed(actions: list[applying.Applied]) -> statuses.Problem | None:
+    failed = [f"{applying.describe(applied.child)}: {applied.error}" for applied in actions
+              if applied.action is applying.Action.FAILED]
+    if not failed:
+        return None
+    return statuses.Problem("ApplyFailed", "the API server refused " + "; ".join(failed)
+                            + " (for an immutable field, delete that object and the operator"
+                            " recreates it; tried again at each resync)")
 
 
 def _cost_patch(cost: int) -> dict[str, Any]:

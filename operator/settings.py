@@ -11,6 +11,12 @@ from asrpool.common import redis_clients
 
 SERVER_PORT = 8080  # the port every server pod listens on (the pod contract)
 DEFAULT_IMAGE = "ghcr.io/asrpool/asrpool:0.1.0"
+# Router pods as the chart labels them, in any namespace.
+DEFAULT_ROUTER_PEER: dict[str, Any] = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "asrpool",
+                                    "app.kubernetes.io/component": "router"}},
+}
 
 
 class OperatorSettings(redis_clients.RedisCredentials):
@@ -42,6 +48,23 @@ class OperatorSettings(redis_clients.RedisCredentials):
     # HTTP endpoint such as `kubectl proxy` (no credentials are sent).
     kube_api_url: str | None = None
     liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8081/healthz
+    # A NetworkPolicy per pool: its server pods take connections on the server port
+    # only from these peers (NetworkPolicy "from" entries; metrics share that port, so
+    # add the Prometheus pods here). Default: router pods of any namespace.
+    network_policy: bool = True
+    network_policy_from: list[dict[str, Any]] = pydantic.Field(
+        default_factory=lambda: [dict(DEFAULT_ROUTER_PEER)])
+    # The pod token of pools that name none (spec.auth.podTokenSecret): a Secret of this
+    # name in the pool's namespace. Empty: such pools' pods take any client.
+    default_pod_token_secret: str = ""
+    default_pod_token_key: str = "token"
+    # Several replicas: the name of the kopf peering object (a KopfPeering in each
+    # watched namespace, a ClusterKopfPeering with all_namespaces). The replica of the
+    # highest priority acts and the others wait; none (the default) runs standalone.
+    peering: str | None = None
+    # This replica's priority among its peers; none draws a random one at start, so no
+    # two replicas tie (kopf freezes every replica of a tie).
+    priority: int | None = pydantic.Field(default=None, ge=0)
     log_level: str = "info"
 
     @pydantic.field_validator("namespaces", mode="before")
@@ -68,3 +91,8 @@ class OperatorSettings(redis_clients.RedisCredentials):
     @property
     def server_redis_url(self) -> str:
         return self.pod_redis_url or self.redis_url
+
+    @property
+    def redis_url_shown(self) -> str:
+        """The Redis URL for messages (status, events, logs): any password left out."""
+        return redis_clients.without_password(self.redis_url)

@@ -17,10 +17,10 @@ from asrpool.operator import naming, usage
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    # InvalidSpec, RegistryUnavailable, NameConflict, ProgressDeadlineExceeded, PodsUnschedulable,
-    # ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, RunContainerError, and
-    # for a model that cannot be had (weights.EXIT_REASONS): ModelUnavailable,
-    # RegistryUnavailable (the Hugging Face Hub), ModelCacheUnavailable
+    # InvalidSpec, RegistryUnavailable, NameConflict, ApplyFailed, ProgressDeadlineExceeded,
+    # PodsUnschedulable, ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError,
+    # RunContainerError, and for a model that cannot be had (weights.EXIT_REASONS):
+    # ModelUnavailable, RegistryUnavailable (the Hugging Face Hub), ModelCacheUnavailable
     reason: str
     message: str
 

@@ -128,8 +128,10 @@ class Admissions:
             started_ms=reply.now_ms,
         )
 
-    async def leave_queue(self, request: Request, ticket: str) -> None:
-        await self._leave(args=scripts.LeaveArgs(request.pool, ticket, request.key_id).argv())
+    async def leave_queue(self, request: Request, ticket: str, refused: bool = False) -> None:
+        """Leave the wait queue; ``refused``: the client is told 'busy' (counted as demand)."""
+        await self._leave(args=scripts.LeaveArgs(request.pool, ticket, request.key_id,
+                                                 refused).argv())
 
     async def attach(self, session: Session) -> bool:
         """The pod accepted: record what it said (its own ids, for a resume)."""

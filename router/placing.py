@@ -60,7 +60,7 @@ async def place(
                 await _wait(gone, config.queue_poll_s)
                 continue
             if ticket:
-                await deps.admissions.leave_queue(request, ticket)
+                await deps.admissions.leave_queue(request, ticket, got.reason == "busy")
             return refusal_for(got, request, deps.config)
         # The dial is not cancelled when the client leaves meanwhile (it is bounded by
         # pod_connect_timeout_s): a link dropped half open would leave the pod holding

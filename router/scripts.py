@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from asrpool.common import waiting
+
 _PRELUDE = """
 local P = 'asrpool'
 local t = redis.call('TIME')
@@ -29,7 +31,14 @@ local function hold(pod, key_id, until_ms, sid)
   count(P .. ':pod:' .. pod .. ':sessions', until_ms, sid)
   if key_id ~= '' then count(P .. ':apikey:' .. key_id .. ':sessions', until_ms, sid) end
 end
-"""
+-- a request of the pool refused 'busy', for the operator's demand (common.waiting)
+local function refused(pool, id)
+  local key = P .. ':pool:' .. pool .. ':refused'
+  redis.call('ZADD', key, now, id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - REFUSALS_KEPT_MS)
+  redis.call('PEXPIRE', key, REFUSALS_KEPT_MS)
+end
+""".replace("REFUSALS_KEPT_MS", str(waiting.REFUSALS_KEPT_MS))
 
 # The load of one pod, mirroring policies.effective_used. Returns nil for a pod whose
 # heartbeat hash has expired.
@@ -153,7 +162,10 @@ if ticket ~= '' then
 else
   rank = redis.call('ZCARD', queue)
 end
-if best == nil or rank >= free_total then return {'busy', tostring(rank)} end
+if best == nil or rank >= free_total then
+  if ticket == '' then refused(pool, sid) end  -- a waiting client counts once it gives up
+  return {'busy', tostring(rank)}
+end
 if ticket ~= '' then
   redis.call('ZREM', queue, ticket)
   redis.call('ZREM', leases, ticket)
@@ -176,9 +188,10 @@ class LeaveArgs(NamedTuple):
     pool: str
     ticket: str
     key_id: str
+    refused: bool = False  # the client is told 'busy': left for the operator as demand
 
     def argv(self) -> list[str | int]:
-        return list(self)
+        return [self.pool, self.ticket, self.key_id, "1" if self.refused else "0"]
 
 
 # Leave the wait queue (a waiter gave up, or its client left): at once, so that no
@@ -188,6 +201,7 @@ local queue = P .. ':pool:' .. ARGV[1] .. ':queue'
 redis.call('ZREM', queue, ARGV[2])
 redis.call('ZREM', queue .. ':leases', ARGV[2])
 redis.call('ZREM', queue .. ':key:' .. ARGV[3], ARGV[2])
+if ARGV[4] == '1' then refused(ARGV[1], ARGV[2]) end
 return 1
 """
 

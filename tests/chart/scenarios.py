@@ -43,6 +43,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
         "metrics": {"serviceMonitor": {"enabled": True}},
     },
+    "cluster-wide-operator-replicas": {
+        "operator": {"allNamespaces": True, "replicas": 2, "peering": "asr-operators"},
+    },
+    "standalone-operator": {"operator": {"peering": ""}},
     "existing-service-account": {
         "operator": {"serviceAccount": {"create": False, "name": "platform-operator"}},
     },
@@ -105,6 +109,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "redis-without-password": {"redis": {"auth": {"enabled": False}}},
     "no-pod-token": {"auth": {"podToken": {"enabled": False}}},
     "monitoring": {
+        "operator": {"allNamespaces": True},
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
                                "interval": "30s"},

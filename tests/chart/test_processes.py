@@ -141,7 +141,10 @@ async def test_the_operator_runs_with_its_rendered_environment(
     tmp_path: Path, redis_server: redis_servers.RedisServer, processes: list[Process],
     cluster: emulator.Cluster,  # noqa: F811
 ) -> None:
-    manifests = rendering.render()
+    # Watching the emulator's namespace, standalone: the emulator serves no kopf peering
+    # objects (two replicas peering are tested on the real control plane).
+    manifests = rendering.render({"pools": {"namespaces": [emulator.NAMESPACE]},
+                                  "operator": {"peering": ""}})
     operator = rendering.deployment(manifests, "operator")
     container = rendering.container(operator)
     env = resolve_env(container)

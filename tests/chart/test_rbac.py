@@ -65,7 +65,7 @@ def test_the_chart_grants_exactly_the_declared_rules() -> None:
 
 
 def test_all_namespaces_binds_every_rule_cluster_wide() -> None:
-    manifests = rendering.render()
+    manifests = rendering.render({"operator": {"allNamespaces": True}})
     assert bound_roles(manifests, "ClusterRoleBinding") == {
         "demo-asrpool-operator": ["*"], "demo-asrpool-operator-discovery": ["*"]}
     assert rendering.find(manifests, "RoleBinding") == []
@@ -197,3 +197,13 @@ async def _beat(url: str, pods: list[str]) -> None:
                 pod, "stt", f"{pod}:8080", 8, 8, False, "m"), lease_ms=120_000)
     finally:
         await client.aclose()
+
+
+def test_the_operator_is_namespaced_by_default() -> None:
+    """Least privilege unless told otherwise: the pool rules (pods patched, Deployments
+    created) bound in the release namespace only, and that namespace watched."""
+    manifests = rendering.render()
+    assert bound_roles(manifests, "RoleBinding") == {"demo-asrpool-operator": [rendering.NAMESPACE]}
+    assert "demo-asrpool-operator" not in bound_roles(manifests, "ClusterRoleBinding")
+    assert env_of(rendering.deployment(manifests, "operator"))["ASRPOOL_NAMESPACES"] == \
+        rendering.NAMESPACE

@@ -40,28 +40,49 @@ def pod_labels(manifests: list[rendering.Manifest], component: str) -> dict[str,
     return labels
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "namespaced-operator", "names-and-images"])
-def test_only_routers_and_prometheus_reach_server_pods_in_every_pool_namespace(
-    scenario: str,
-) -> None:
+def operator_config(manifests: list[rendering.Manifest]) -> operator_settings.OperatorSettings:
+    """The operator's settings from its rendered environment (JSON values decoded as
+    pydantic-settings decodes them)."""
+    env = {e["name"]: e.get("value", "") for e in
+           rendering.container(rendering.deployment(manifests, "operator"))["env"]}
+    given: dict[str, Any] = {"all_namespaces": True}
+    if "ASRPOOL_NETWORK_POLICY_FROM" in env:
+        given["network_policy_from"] = json.loads(env["ASRPOOL_NETWORK_POLICY_FROM"])
+    if env.get("ASRPOOL_NETWORK_POLICY") == "false":
+        given["network_policy"] = False
+    return operator_settings.OperatorSettings(**given)
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "namespaced-operator", "names-and-images",
+                                      "monitoring"])
+def test_only_routers_and_prometheus_reach_server_pods_of_every_pool(scenario: str) -> None:
+    """The operator makes one NetworkPolicy per pool, with the peers the chart gives it:
+    this release's routers (not its operator) and Prometheus, on the server port."""
     manifests = rendering.render(SCENARIOS[scenario])
     values = rendering.chart().merge_values(SCENARIOS[scenario])
-    policies = [p for p in rendering.find(manifests, "NetworkPolicy")
-                if p["metadata"]["labels"]["app.kubernetes.io/component"] == "server"]
-    assert [p["metadata"]["namespace"] for p in policies] == [
-        rendering.NAMESPACE, *values["pools"]["namespaces"]]
-    for policy in policies:
-        server = built_children(policy["metadata"]["namespace"])["Deployment"]["spec"]["template"]
-        assert selects(policy["spec"]["podSelector"], server["metadata"]["labels"])
-        (rule,) = policy["spec"]["ingress"]
-        assert [p["port"] for p in rule["ports"]] == [operator_settings.SERVER_PORT]
-        router_peer, prometheus_peer = rule["from"]
-        assert selects(router_peer["podSelector"], pod_labels(manifests, "router"))
-        assert not selects(router_peer["podSelector"], pod_labels(manifests, "operator"))
-        assert router_peer["namespaceSelector"] == {
-            "matchLabels": {"kubernetes.io/metadata.name": rendering.NAMESPACE}}
-        assert prometheus_peer["namespaceSelector"] == values["networkPolicy"]["prometheus"][
-            "namespaceSelector"]
+    assert [p for p in rendering.find(manifests, "NetworkPolicy")
+            if p["metadata"]["labels"]["app.kubernetes.io/component"] == "server"] == []
+    built = {child["kind"]: child for child in children.build_all(pools.from_body({
+        "metadata": {"name": "stt-en", "namespace": "speech"},
+        "spec": {"model": {"name": "kyutai/stt-2.6b-en"}, "slots": 16}}),
+        operator_config(manifests))}
+    policy = built["NetworkPolicy"]
+    assert selects(policy["spec"]["podSelector"],
+                   built["Deployment"]["spec"]["template"]["metadata"]["labels"])
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [operator_settings.SERVER_PORT]
+    router_peer, prometheus_peer = rule["from"]
+    assert selects(router_peer["podSelector"], pod_labels(manifests, "router"))
+    assert not selects(router_peer["podSelector"], pod_labels(manifests, "operator"))
+    assert router_peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": rendering.NAMESPACE}}
+    assert prometheus_peer["namespaceSelector"] == values["networkPolicy"]["prometheus"][
+        "namespaceSelector"]
+
+
+def test_without_network_policies_the_operator_makes_none() -> None:
+    manifests = rendering.render(SCENARIOS["no-extras"])
+    assert not operator_config(manifests).network_policy
 
 
 def test_redis_admits_the_router_the_operator_and_server_pods() -> None:

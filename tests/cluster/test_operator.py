@@ -11,7 +11,11 @@ under its own service account.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +23,11 @@ from typing import Any
 import kopf
 import kubernetes
 import pytest
+import redis
 import yaml
 from kopf.testing import KopfRunner
 
+from asrpool.common import processes, waiting
 from asrpool.operator import handlers, naming, settings
 from tests.cluster.clusters import Cluster
 from tests.operator import schemas
@@ -33,13 +39,17 @@ TIMEOUT = 90.0
 
 
 @pytest.fixture
-async def operator(cluster: Cluster, namespace: str, redis_server: redis_servers.RedisServer,
-                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KopfRunner]:
+def kubeconfig(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     # kopf's login and the operator's client read the kubeconfig's default path, which
     # the kubernetes package took from KUBECONFIG when it was imported.
     monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
                         str(cluster.kubeconfig))
-    config = settings.OperatorSettings(namespaces=[namespace], redis_url=redis_server.url,
+
+
+@contextlib.asynccontextmanager
+async def running(namespace: str, redis_url: str) -> AsyncIterator[KopfRunner]:
+    """One operator process's life, in a thread of the test process."""
+    config = settings.OperatorSettings(namespaces=[namespace], redis_url=redis_url,
                                        resync_seconds=2.0)
     runner = KopfRunner(["run", "--standalone", "--namespace", namespace],
                         registry=handlers.build_registry(config), settings=kopf.OperatorSettings(),
@@ -49,6 +59,13 @@ async def operator(cluster: Cluster, namespace: str, redis_server: redis_servers
         yield runner
     finally:
         await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+@pytest.fixture
+async def operator(kubeconfig: None, namespace: str, redis_server: redis_servers.RedisServer
+                   ) -> AsyncIterator[KopfRunner]:
+    async with running(namespace, redis_server.url) as runner:
+        yield runner
 
 
 def pools(cluster: Cluster) -> kubernetes.client.CustomObjectsApi:
@@ -273,3 +290,143 @@ async def test_a_same_named_object_of_someone_else_is_never_taken_over(
     assert "ownerReferences" not in kept["metadata"]
     apps = kubernetes.client.AppsV1Api(cluster.api)
     assert apps.list_namespaced_deployment(namespace).items == []  # nothing reads it
+
+
+async def test_a_restarted_operator_does_not_scale_a_pool_down_by_itself(
+    crd: None, cluster: Cluster, namespace: str, kubeconfig: None,
+    redis_server: redis_servers.RedisServer,
+) -> None:
+    """No streams and a 300 s scale-down window: neither the first operator nor the one
+    started after it lowers spec.slots, though both recommend 8 (no pod runs: each asks
+    for more GPUs than a node has)."""
+    create(cluster, namespace, manifest("steady", slots=32, resources={"gpus": 4},
+                                        autoscaling={"enabled": True, "maxSlots": 64}))
+
+    def autoscaled(refused: bool) -> dict[str, Any]:
+        pool = cluster.get(namespace, "asrpool", "steady")
+        report = (pool.get("status") or {}).get("autoscaling") or {}
+        seen = report.get("refusedClients")
+        assert seen is not None and (seen > 0) == refused, report
+        assert pool["spec"]["slots"] == 32, pool["spec"]
+        return dict(report)
+
+    client = redis.Redis.from_url(redis_server.url)
+
+    def refused_now() -> dict[str, Any]:
+        """A client refused just now (as a router records it), until a pass sees one."""
+        seconds, micros = client.time()
+        client.zadd(waiting.refusals_key("steady"),
+                    {uuid.uuid4().hex: seconds * 1000 + micros // 1000})
+        return autoscaled(refused=True)
+
+    async with running(namespace, redis_server.url):
+        report = await eventually(lambda: autoscaled(refused=False), TIMEOUT, period=0.5)
+    assert (report["recommendedSlots"], report["desiredSlots"]) == (8, 32)
+    assert report["limitedBy"] == "ScaleDownStabilization"
+    async with running(namespace, redis_server.url):
+        # The new operator's passes: it sees refusals, then sees them age out.
+        await eventually(refused_now, TIMEOUT, period=0.5)
+        report = await eventually(lambda: autoscaled(refused=False), TIMEOUT, period=0.5)
+    client.close()
+    assert report["limitedBy"] == "ScaleDownStabilization"
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+    assert apps.read_namespaced_deployment("steady", namespace).spec.replicas == 4
+
+
+async def test_an_immutable_field_is_reported_once_not_retried_in_a_loop(
+    crd: None, cluster: Cluster, namespace: str, operator: KopfRunner
+) -> None:
+    """A Service of ours from before (our label, a cluster IP): the headless one cannot
+    replace it in place. The pool says so with the API server's words, one event, and
+    its other children are applied."""
+    ours = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "frozen", "labels": {naming.MANAGED_BY_LABEL: naming.MANAGER}},
+        "spec": {"ports": [{"name": "http", "port": 8080}]}}
+    cluster.apply(namespace, ours)
+    create(cluster, namespace, manifest("frozen", resources={"gpus": 4}))
+    condition = await eventually(lambda: degraded(cluster, namespace, "frozen"), TIMEOUT,
+                                 period=0.5)
+    assert condition["reason"] == "ApplyFailed", condition
+    assert f"Service {namespace}/frozen" in condition["message"]
+    assert "immutable" in condition["message"] or "may not change" in condition["message"]
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+    assert apps.read_namespaced_deployment("frozen", namespace).spec.replicas == 2
+    await asyncio.sleep(6.0)  # three resyncs of 2 s: each tries again, none posts again
+    assert warnings_about(cluster, namespace, "frozen").count("ApplyFailed") == 1
+
+
+PEERING_CRDS = Path(__file__).resolve().parents[2] / "crds" / "kopf-peering.yaml"
+
+
+@pytest.fixture(scope="session")
+def peering_crds(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", str(PEERING_CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/kopfpeerings.kopf.dev")
+
+
+def replica(name: str, priority: int, cluster: Cluster, namespace: str, redis_url: str,
+            workdir: Path) -> processes.Child:
+    """``asrpool operator --peering`` as its own process, as a pod of the chart runs it."""
+    argv = [sys.executable, "-m", "asrpool.cli", "operator", "--namespace", namespace,
+            "--redis-url", redis_url, "--resync-seconds", "2", "--peering", "asrpool",
+            "--priority", str(priority)]
+    return processes.spawn(name, argv, workdir / f"{name}.log",
+                           env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+
+
+def peers(cluster: Cluster, namespace: str, count: int) -> None:
+    status = cluster.get(namespace, "kopfpeering", "asrpool").get("status") or {}
+    assert len(status) == count, status
+
+
+def acted(child: processes.Child) -> int:
+    return child.log.read_text(errors="replace").count("Handler 'reconcile' succeeded")
+
+
+async def test_two_operator_replicas_never_fight(
+    crd: None, peering_crds: None, cluster: Cluster, namespace: str,
+    redis_server: redis_servers.RedisServer, tmp_path: Path,
+) -> None:
+    """Two processes share one KopfPeering: the one of higher priority acts alone; when it
+    stops, the other resumes and acts on the next change."""
+    cluster.apply(namespace, {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+                              "metadata": {"name": "asrpool"}})
+    first = replica("first", 200, cluster, namespace, redis_server.url, tmp_path)
+    second: processes.Child | None = None
+    try:
+        await eventually(lambda: peers(cluster, namespace, 1), TIMEOUT, period=0.5)
+        second = replica("second", 100, cluster, namespace, redis_server.url, tmp_path)
+        await eventually(lambda: peers(cluster, namespace, 2), TIMEOUT, period=0.5)
+        create(cluster, namespace, manifest("shared", resources={"gpus": 4}))
+        apps = kubernetes.client.AppsV1Api(cluster.api)
+
+        def replicas(wanted: int) -> None:
+            try:
+                deployment = apps.read_namespaced_deployment("shared", namespace)
+            except kubernetes.client.ApiException as exc:
+                raise AssertionError(f"no Deployment yet: {exc.status}") from exc
+            assert deployment.spec.replicas == wanted
+
+        await eventually(lambda: replicas(2), TIMEOUT, period=0.5)
+        assert acted(first) >= 1
+        assert acted(second) == 0  # paused: the first, of higher priority, acts
+        first.stop(timeout=30)
+        await eventually(lambda: peers(cluster, namespace, 1), TIMEOUT, period=0.5)
+        cluster.kubectl("scale", "--namespace", namespace, "asrpool/shared", "--replicas=24")
+        await eventually(lambda: replicas(3), TIMEOUT, period=0.5)
+        assert acted(second) >= 1
+    finally:
+        for child in (first, second):
+            if child is not None:
+                child.stop(timeout=30)
+
+
+def test_the_hpa_example_passes_a_server_side_dry_run(crd: None, cluster: Cluster,
+                                                      namespace: str) -> None:
+    """The real API server validates docs/examples/hpa.yaml (autoscaling/v2, behavior)."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "hpa.yaml"
+    result = cluster.kubectl("apply", "--dry-run=server", "--namespace", namespace,
+                             "-f", str(path), check=False)
+    assert result.returncode == 0, result.stderr
+    assert "created (server dry run)" in result.stdout

@@ -13,7 +13,8 @@ from tests.support.polling import eventually
 
 NAMESPACE = emulator.NAMESPACE
 KINDS = {emulator.CONFIG_MAPS: "stt-config", emulator.DEPLOYMENTS: "stt",
-         emulator.SERVICES: "stt", emulator.DISRUPTION_BUDGETS: "stt"}
+         emulator.SERVICES: "stt", emulator.DISRUPTION_BUDGETS: "stt",
+         emulator.NETWORK_POLICIES: "stt"}
 
 
 def manifest(name: str = "stt", **spec: Any) -> dict[str, Any]:

@@ -33,6 +33,7 @@ DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 SERVICES = kmock.resource("", "v1", "services")
 CONFIG_MAPS = kmock.resource("", "v1", "configmaps")
 DISRUPTION_BUDGETS = kmock.resource("policy", "v1", "poddisruptionbudgets")
+NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 PODS = kmock.resource("", "v1", "pods")
 EVENTS = kmock.resource("", "v1", "events")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
@@ -131,6 +132,7 @@ def declare_resources(emulator: Emulator) -> None:
     emulator.resources[NAMESPACES] = info(kind="Namespace", namespaced=False, verbs=ALL_VERBS)
     for resource, kind in [(DEPLOYMENTS, "Deployment"), (SERVICES, "Service"),
                            (CONFIG_MAPS, "ConfigMap"), (DISRUPTION_BUDGETS, "PodDisruptionBudget"),
+                           (NETWORK_POLICIES, "NetworkPolicy"),
                            (PODS, "Pod"), (EVENTS, "Event")]:
         emulator.resources[resource] = info(kind=kind, namespaced=True, verbs=ALL_VERBS)
 
@@ -222,7 +224,8 @@ class Cluster:
         removed = 0
         for resource, kind in [(DEPLOYMENTS, kube.DEPLOYMENTS), (SERVICES, kube.SERVICES),
                                (CONFIG_MAPS, kube.CONFIG_MAPS),
-                               (DISRUPTION_BUDGETS, kube.DISRUPTION_BUDGETS)]:
+                               (DISRUPTION_BUDGETS, kube.DISRUPTION_BUDGETS),
+                               (NETWORK_POLICIES, kube.NETWORK_POLICIES)]:
             for obj in self.all(resource, namespace):
                 owners = obj["metadata"].get("ownerReferences") or []
                 if owners and not any(ref["uid"] in uids for ref in owners):

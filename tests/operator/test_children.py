@@ -28,11 +28,11 @@ def container(**spec: Any) -> dict[str, Any]:
     return deployment(**spec)["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_four_children_in_the_pool_namespace_with_its_labels() -> None:
+def test_five_children_in_the_pool_namespace_with_its_labels() -> None:
     built = children.build_all(pool(), CONFIG)
     assert [(c["kind"], c["metadata"]["name"]) for c in built] == [
         ("ConfigMap", "stt-config"), ("Deployment", "stt"), ("Service", "stt"),
-        ("PodDisruptionBudget", "stt")]
+        ("PodDisruptionBudget", "stt"), ("NetworkPolicy", "stt")]
     for child in built:
         assert child["metadata"]["namespace"] == "speech"
         assert child["metadata"]["labels"] == {
@@ -122,10 +122,10 @@ def test_placement_is_copied_to_the_pods() -> None:
 def test_auth_mounts_the_key_file_and_passes_the_pod_token() -> None:
     auth = {"apiKeysSecret": {"name": "keys"}, "podTokenSecret": {"name": "tok"}}
     built = deployment(auth=auth)["spec"]["template"]["spec"]
-    assert built["volumes"] == [{"name": "api-keys", "secret": {"secretName": "keys"}}]
+    assert built["volumes"][-1] == {"name": "api-keys", "secret": {"secretName": "keys"}}
     server = built["containers"][0]
-    assert server["volumeMounts"] == [
-        {"name": "api-keys", "mountPath": "/etc/asrpool/keys", "readOnly": True}]
+    assert server["volumeMounts"][-1] == {
+        "name": "api-keys", "mountPath": "/etc/asrpool/keys", "readOnly": True}
     assert server["env"][-1] == {"name": "ASRPOOL_POD_TOKEN", "valueFrom": {
         "secretKeyRef": {"name": "tok", "key": "token"}}}
     data = children.build_config_map(pool(auth=auth), CONFIG)["data"]
@@ -165,6 +165,23 @@ def test_the_disruption_budget_evicts_one_pod_at_a_time() -> None:
         "maxUnavailable": 1, "selector": {"matchLabels": naming.selector("stt")}}
 
 
+def test_the_rollout_strategy_is_the_pools_to_set() -> None:
+    """A pool that uses every GPU it may have cannot surge: it trades one pod down."""
+    assert deployment(rollout={"maxSurge": 0, "maxUnavailable": 1})["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert deployment(rollout={"maxSurge": "25%"})["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": "25%", "maxUnavailable": 0}
+
+
+def test_the_disruption_budget_is_the_pools_to_set() -> None:
+    selector = {"matchLabels": naming.selector("stt")}
+    assert children.build_disruption_budget(pool(disruptionBudget={"minAvailable": "50%"})
+                                            )["spec"] == {"minAvailable": "50%",
+                                                          "selector": selector}
+    assert children.build_disruption_budget(pool(disruptionBudget={"maxUnavailable": 2})
+                                            )["spec"] == {"maxUnavailable": 2, "selector": selector}
+
+
 def test_every_child_of_every_example_is_valid_kubernetes() -> None:
     """The built objects pass ``kubernetes-validate --strict`` (Kubernetes 1.30 schemas)."""
     for path in schemas.EXAMPLES:
@@ -180,9 +197,47 @@ def test_server_pods_meet_the_restricted_pod_security_standard() -> None:
     assert spec["securityContext"]["runAsUser"] == children.SERVER_USER
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container()["securityContext"] == {
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True}
+
+
+def test_a_read_only_root_with_an_empty_dir_for_each_path_the_server_writes() -> None:
+    """Scratch (/tmp) and the model download (HF_HOME, /models in the image)."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "docker" / "server.Dockerfile").read_text()
+    assert "HF_HOME=/models" in dockerfile
+    spec = deployment()["spec"]["template"]["spec"]
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}, {"name": "models", "emptyDir": {}}]
+    assert {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]} == {"/tmp", "/models"}
+
+
+def test_a_pool_without_a_pod_token_gets_the_operators_default() -> None:
+    told = CONFIG.model_copy(update={"default_pod_token_secret": "asrpool-pod-token"})
+    env = children.build_all(pool(), told)[1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[-1] == {"name": "ASRPOOL_POD_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "asrpool-pod-token", "key": "token"}}}
+    own = pool(auth={"podTokenSecret": {"name": "mine", "key": "k"}})
+    env = children.build_all(own, told)[1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[-1]["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "k"}
+    untold = children.build_all(pool(), CONFIG)[1]["spec"]["template"]["spec"]["containers"][0]
+    assert all(e["name"] != "ASRPOOL_POD_TOKEN" for e in untold["env"])
 
 
 def test_the_server_user_is_the_images_user() -> None:
     dockerfile = (Path(__file__).resolve().parents[2] / "docker" / "server.Dockerfile").read_text()
     assert f"USER {children.SERVER_USER}:{children.SERVER_USER}" in dockerfile
+
+
+def test_only_routers_reach_the_server_port() -> None:
+    """The NetworkPolicy: the pool's pods, ingress on 8080 (streams and metrics share it)
+    from router pods only, unless told whom else to admit; it can be left out."""
+    policy = children.build_all(pool(), CONFIG)[-1]
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": naming.selector("stt")}, "policyTypes": ["Ingress"],
+        "ingress": [{"from": [settings.DEFAULT_ROUTER_PEER],
+                     "ports": [{"port": 8080, "protocol": "TCP"}]}]}
+    prometheus = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}},
+                  "podSelector": {"matchLabels": {"app": "prometheus"}}}
+    told = CONFIG.model_copy(update={"network_policy_from": [prometheus]})
+    assert children.build_all(pool(), told)[-1]["spec"]["ingress"][0]["from"] == [prometheus]
+    off = CONFIG.model_copy(update={"network_policy": False})
+    assert [c["kind"] for c in children.build_all(pool(), off)][-1] == "PodDisruptionBudget"

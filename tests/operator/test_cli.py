@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asrpool.operator import cli, settings
+from asrpool.operator import cli, running, settings
 from tests.operator import checks, emulator
 from tests.support import polling, redis_servers
 
@@ -104,3 +104,35 @@ async def test_the_command_runs_the_operator_until_sigterm(
         code = await asyncio.to_thread(process.wait, 60)
         log.close()
     assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]
+
+
+def test_messages_never_show_the_redis_password() -> None:
+    # The operator's own URL may carry a password (the pods' may not: see above).
+    config = settings.OperatorSettings(all_namespaces=True, pod_redis_url="redis://redis/0",
+                                       redis_url="redis://:s3cret@redis:6379/0")
+    assert config.redis_url_shown == "redis://:***@redis:6379/0"
+    named = settings.OperatorSettings(all_namespaces=True, redis_url="redis://op:pw@r:1/0",
+                                      pod_redis_url="redis://r:1/0")
+    assert named.redis_url_shown == "redis://op:***@r:1/0"
+    plain = settings.OperatorSettings(all_namespaces=True, redis_url="redis://r:6379/0")
+    assert plain.redis_url_shown == "redis://r:6379/0"
+
+
+def test_peering_network_policy_and_pod_token_flags() -> None:
+    peer = '[{"podSelector": {"matchLabels": {"app": "router"}}}]'
+    config = cli.load_settings(parse("-n", "a", "--peering", "asrpool", "--priority", "7",
+                                     "--network-policy-from", peer,
+                                     "--default-pod-token-secret", "tok"))
+    assert (config.peering, config.priority) == ("asrpool", 7)
+    assert config.network_policy_from == [{"podSelector": {"matchLabels": {"app": "router"}}}]
+    assert (config.default_pod_token_secret, config.default_pod_token_key) == ("tok", "token")
+    assert not cli.load_settings(parse("-n", "a", "--no-network-policy")).network_policy
+    assert cli.load_settings(parse("-n", "a")).peering is None  # standalone by default
+
+
+def test_replicas_draw_distinct_priorities_unless_given() -> None:
+    """kopf freezes every replica of a tie, so none is left to chance but a given one."""
+    given = settings.OperatorSettings(namespaces=["a"], priority=5)
+    assert running.priority(given) == 5
+    drawn = {running.priority(settings.OperatorSettings(namespaces=["a"])) for _ in range(8)}
+    assert len(drawn) == 8 and all(1 <= p <= running.MAX_PRIORITY for p in drawn)

@@ -141,10 +141,20 @@ def test_the_operator_uses_the_crd_defaults() -> None:
         "gpus": given.gpus, "gpuResourceName": given.gpu_resource}
     scaling = _defaults(spec["properties"]["autoscaling"])
     assert scaling == {
-        "enabled": given.autoscaling.enabled, "minSlots": given.autoscaling.min_slots,
+        "enabled": given.autoscaling.enabled,
         "targetFreeFraction": given.autoscaling.target_free_fraction,
         "scaleUpStabilizationSeconds": given.autoscaling.scale_up_seconds,
         "scaleDownStabilizationSeconds": given.autoscaling.scale_down_seconds}
+    assert given.autoscaling.min_slots == given.slots_per_pod  # no CRD default: one pod's
+
+
+def test_behavior_left_out_is_the_hpas_default() -> None:
+    given = pools.from_body({"metadata": {"name": "p"}, "spec": {
+        "model": {"name": "tiny"}, "slots": 1, "autoscaling": {"behavior": {
+            "scaleUp": {"selectPolicy": "Min"}}}}})
+    up, down = given.autoscaling.behavior.scale_up, given.autoscaling.behavior.scale_down
+    assert (up.select, up.policies) == ("Min", pools.DEFAULT_SCALE_UP.policies)
+    assert down == pools.DEFAULT_SCALE_DOWN
 
 
 def test_status_the_operator_writes_fits_the_schema() -> None:

@@ -182,7 +182,7 @@ async def test_deleting_a_pool_leaves_its_children_to_the_garbage_collector(
     await checks.created(cluster)
     await cluster.delete(kube.POOLS, NS, "stt")
     await eventually(lambda: checks.assert_gone(cluster))  # kopf stopped its timer, released it
-    assert await cluster.collect_garbage(NS) == 4
+    assert await cluster.collect_garbage(NS) == len(checks.KINDS)
     await cluster.create(checks.manifest("probe"))  # a pass over another pool proves the loop runs
     await eventually(lambda: checks.children_of(cluster, "probe"))
     for resource, name in checks.KINDS.items():
@@ -205,6 +205,12 @@ async def test_autoscaling_follows_the_streams(
     await checks.beat(redis_server.url, "stt-x", 24, 24)
     await eventually(lambda: checks.assert_equal(checks.replicas(cluster), 1))
     await eventually(lambda: cluster.events(NS, "Autoscaled")[1])
+    report = checks.pool_status(cluster)["autoscaling"]
+    assert (report["desiredSlots"], report["recommendedSlots"]) == (8, 8)
+    assert report["limitedBy"] == "MinSlots" and "lastScaleTime" in report
+    await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"autoscaling": {"enabled": False}}})
+    await eventually(lambda: checks.assert_equal(
+        "autoscaling" in checks.pool_status(cluster), False))
 
 
 async def test_a_keyed_pools_pods_get_the_routers_token_and_the_key_file(

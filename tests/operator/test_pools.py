@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from asrpool.operator import pools
+from asrpool.operator import children, pools, settings
 
 
 def body(**spec: Any) -> dict[str, Any]:
@@ -74,8 +74,12 @@ def test_autoscaling_needs_a_ceiling() -> None:
 
 
 def test_api_keys_need_the_routers_pod_token() -> None:
-    _rejects({"auth": {"apiKeysSecret": {"name": "keys"}}},
-             "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret")
+    keyed = pools.from_body(body(auth={"apiKeysSecret": {"name": "keys"}}))
+    with pytest.raises(pools.InvalidPool, match=r"apiKeysSecret needs spec\.auth\.podTokenSecret"):
+        pools.check_auth(keyed)
+    defaulted = children.with_default_pod_token(keyed, settings.OperatorSettings(
+        namespaces=["x"], default_pod_token_secret="chart-token"))
+    pools.check_auth(defaulted)  # the operator's default token serves
 
 
 def test_a_long_name_is_invalid() -> None:
@@ -101,3 +105,14 @@ def test_missing_slots_is_caught() -> None:
     del raw["spec"]["slots"]
     with pytest.raises(pools.InvalidPool, match=r"spec\.slots is required"):
         pools.from_body(raw)
+
+
+def test_a_rollout_that_could_never_move_is_invalid() -> None:
+    _rejects({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}},
+             "spec.rollout.maxSurge and maxUnavailable are both 0")
+
+
+def test_rollout_and_budget_values_are_pods_or_percentages() -> None:
+    _rejects({"rollout": {"maxSurge": "lots"}}, "spec.rollout.maxSurge", "'25%'")
+    _rejects({"disruptionBudget": {"maxUnavailable": -1}}, "spec.disruptionBudget.maxUnavailable")
+    _rejects({"disruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}}, "not both")

@@ -14,6 +14,16 @@ from asrpool.operator import children, naming, pools, settings, sources
 
 CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0",
                                    redis_password_secret="redis")
+WRITABLE = {name for name, _ in children.WRITABLE_PATHS}  # the read-only root's emptyDirs
+
+
+def model_volumes(template: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's volumes but the writable emptyDirs every server pod has."""
+    return [v for v in template["spec"].get("volumes", []) if v["name"] not in WRITABLE]
+
+
+def model_mounts(container: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in container.get("volumeMounts", []) if m["name"] not in WRITABLE]
 
 
 def pool(model: dict[str, Any], **spec: Any) -> pools.Pool:
@@ -43,8 +53,8 @@ def data(model: dict[str, Any], **spec: Any) -> dict[str, str]:
 
 def test_a_preset_needs_nothing_but_its_name() -> None:
     template = pod_spec({"name": "tiny"})
-    assert "initContainers" not in template["spec"] and "volumes" not in template["spec"]
-    assert "volumeMounts" not in server(template)
+    assert "initContainers" not in template["spec"] and model_volumes(template) == []
+    assert model_mounts(server(template)) == []
     assert data({"name": "tiny"})["ASRPOOL_MODEL"] == "tiny"
     assert "HF_HUB_OFFLINE" not in data({"name": "tiny"})
 
@@ -57,9 +67,9 @@ def test_a_path_in_the_image_is_loaded_as_it_is() -> None:
 
 def test_a_host_path_volume_is_mounted_read_only_where_the_server_loads_it() -> None:
     template = pod_spec({"volume": {"hostPath": "/srv/models", "subPath": "stt-1b"}})
-    assert template["spec"]["volumes"] == [
+    assert model_volumes(template) == [
         {"name": "model", "hostPath": {"path": "/srv/models", "type": "Directory"}}]
-    assert server(template)["volumeMounts"] == [
+    assert model_mounts(server(template)) == [
         {"name": "model", "mountPath": sources.MODEL_DIR, "readOnly": True, "subPath": "stt-1b"}]
     assert data({"volume": {"hostPath": "/srv/models"}})["ASRPOOL_MODEL"] == sources.MODEL_DIR
     assert "initContainers" not in template["spec"]
@@ -67,9 +77,9 @@ def test_a_host_path_volume_is_mounted_read_only_where_the_server_loads_it() -> 
 
 def test_a_claim_volume_is_mounted_read_only() -> None:
     template = pod_spec({"volume": {"claimName": "stt-weights"}})
-    assert template["spec"]["volumes"] == [{"name": "model", "persistentVolumeClaim": {
+    assert model_volumes(template) == [{"name": "model", "persistentVolumeClaim": {
         "claimName": "stt-weights", "readOnly": True}}]
-    assert server(template)["volumeMounts"] == [
+    assert model_mounts(server(template)) == [
         {"name": "model", "mountPath": sources.MODEL_DIR, "readOnly": True}]
 
 
@@ -81,12 +91,12 @@ def test_a_repo_is_fetched_by_an_init_container_into_an_empty_dir_by_default() -
     assert fetch["command"] == ["asrpool", "fetch-model"]
     assert fetch["args"] == ["kyutai/stt-1b-en_fr", "--cache-dir", sources.HUB_CACHE,
                              "--revision", "v2"]
-    assert fetch["volumeMounts"] == [{"name": "model-cache", "mountPath": sources.CACHE_DIR}]
+    assert model_mounts(fetch) == [{"name": "model-cache", "mountPath": sources.CACHE_DIR}]
     assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert template["spec"]["volumes"] == [
+    assert model_volumes(template) == [
         {"name": "model-cache", "emptyDir": {"sizeLimit": sources.DEFAULT_CACHE_SIZE}}]
     assert server(template)["resources"]["requests"]["ephemeral-storage"] == "20Gi"
-    assert server(template)["volumeMounts"] == [
+    assert model_mounts(server(template)) == [
         {"name": "model-cache", "mountPath": sources.CACHE_DIR}]
     env = data({"name": "kyutai/stt-1b-en_fr", "revision": "v2"})
     assert (env["ASRPOOL_MODEL"], env["ASRPOOL_MODEL_REVISION"]) == ("kyutai/stt-1b-en_fr", "v2")
@@ -95,13 +105,13 @@ def test_a_repo_is_fetched_by_an_init_container_into_an_empty_dir_by_default() -
 
 def test_the_empty_dir_size_limit_is_the_ephemeral_storage_request() -> None:
     template = pod_spec({"name": "kyutai/stt-2.6b-en", "cache": {"sizeLimit": "12Gi"}})
-    assert template["spec"]["volumes"][0]["emptyDir"] == {"sizeLimit": "12Gi"}
+    assert model_volumes(template)[0]["emptyDir"] == {"sizeLimit": "12Gi"}
     assert server(template)["resources"]["requests"]["ephemeral-storage"] == "12Gi"
 
 
 def test_a_node_cache_is_a_host_path_and_asks_for_no_ephemeral_storage() -> None:
     template = pod_spec({"name": "kyutai/stt-1b-en_fr", "cache": {"type": "hostPath"}})
-    assert template["spec"]["volumes"] == [{"name": "model-cache", "hostPath": {
+    assert model_volumes(template) == [{"name": "model-cache", "hostPath": {
         "path": sources.DEFAULT_CACHE_PATH, "type": "DirectoryOrCreate"}}]
     assert "ephemeral-storage" not in server(template)["resources"].get("requests", {})
 
@@ -109,7 +119,7 @@ def test_a_node_cache_is_a_host_path_and_asks_for_no_ephemeral_storage() -> None
 def test_a_shared_cache_is_the_named_claim() -> None:
     template = pod_spec({"name": "kyutai/stt-1b-en_fr", "cache": {
         "type": "persistentVolumeClaim", "claimName": "hf-cache"}})
-    assert template["spec"]["volumes"] == [
+    assert model_volumes(template) == [
         {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}]
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from asrpool.common import registry
+from asrpool.common import registry, waiting
 from asrpool.router import admissions, keys, leasing, tokens, views, wiring
 from tests.router import support
 from tests.support.redis_servers import RedisServer
@@ -236,6 +236,26 @@ async def test_waiters_are_served_first_come_first_served(
     assert await redis.zrange(keys.pool_queue("default"), 0, -1) == ["second"]
     await s.leave_queue(request(), "second")
     assert await redis.zcard(keys.pool_queue("default")) == 0
+
+
+async def test_busy_refusals_and_waiters_are_left_for_the_operator(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """What the operator reads as unmet demand: a refusal without a wait counts at once,
+    a waiter counts while it waits and as a refusal once it gives up; a waiter that is
+    served or leaves for another reason counts nothing."""
+    await support.beat(redis, "a", total=1)
+    s = store(redis, redis_server.url)
+    assert isinstance(await s.admit(request()), admissions.Session)
+    assert await s.admit(request()) == admissions.Refused("busy", 0)
+    assert await s.admit(request(), ticket="patient") == admissions.Refused("busy", 0)
+    assert await s.admit(request(), ticket="polite") == admissions.Refused("busy", 1)
+    assert await waiting.read(redis, "default", 60) == waiting.Unmet(waiting=2, refused=1)
+    await s.leave_queue(request(), "patient", refused=True)
+    await s.leave_queue(request(), "polite")
+    assert await waiting.read(redis, "default", 60) == waiting.Unmet(waiting=0, refused=2)
+    assert await waiting.read(redis, "other", 60) == waiting.Unmet()
+    assert 0 < await redis.pttl(waiting.refusals_key("default")) <= waiting.REFUSALS_KEPT_MS
 
 
 async def test_renewal_notices_a_lapsed_pod_and_gives_it_up_after_a_while(

@@ -145,3 +145,11 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* Who may reach server pods (the operator's NetworkPolicy per pool), as JSON "from"
+entries: this release's router pods, and Prometheus (metrics share the server port). */}}
+{{- define "asrpool.serverPeers" -}}
+{{- $router := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "asrpool.selectorLabels" (list . "router") | fromYaml)) }}
+{{- $prometheus := dict "namespaceSelector" .Values.networkPolicy.prometheus.namespaceSelector "podSelector" .Values.networkPolicy.prometheus.podSelector }}
+{{- list $router $prometheus | toJson }}
+{{- end }}
