@@ -1,15 +1,19 @@
-"""Admission never leaks and the waiting room is bounded (real router, pod and Redis):
-a client that leaves while it waits or while its pod link opens leaves no queue
-ticket, no session record and no pod slot behind; a full queue says so."""
+"""Admission never leaks and the waiting room is bounded (a real router, a real pod of
+one slot behind a TCP proxy that can hold what the pod says, a real Redis): a client
+that leaves while it waits, while its pod link opens or while it resumes leaves no
+queue ticket, no session record and no pod slot behind (or, resuming, its stream still
+held); a full queue says so; a Redis restart leaves detached streams resumable."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import os
-from pathlib import Path
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
+import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
@@ -17,6 +21,116 @@ from asrpool.common import protocol
 from tests.router import support
 from tests.support import kyutai_client, servers
 from tests.support.redis_servers import RedisServer
+
+GRACE = "20"  # resume grace of pod and router: ample for a Redis restart on a busy machine
+
+
+class GatedProxy:
+    """A TCP proxy in front of the pod, on its own thread and loop; what the pod says is
+    held while ``gate`` is clear: an admission is caught between the pod's accept and
+    the router's reading of its Ready."""
+
+    def __init__(self) -> None:
+        self.target = 0
+        self.answered = threading.Event()  # the pod has answered since the last clear
+        self.gate = threading.Event()
+        self.gate.set()
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._connection, "127.0.0.1", 0))
+        self.port = int(self.server.sockets[0].getsockname()[1])
+        started.set()
+        self.loop.run_forever()
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        pod_reader, pod_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        await asyncio.gather(self._pipe(reader, pod_writer, held=False),
+                             self._pipe(pod_reader, writer, held=True), return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    held: bool) -> None:
+        try:
+            while data := await reader.read(65536):
+                if held:
+                    self.answered.set()
+                    while not self.gate.is_set():
+                        await asyncio.sleep(0.01)
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    def hold(self) -> None:
+        self.gate.clear()
+        self.answered.clear()
+
+    def close(self) -> None:
+        self.gate.set()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[GatedProxy]:
+    gated = GatedProxy()
+    yield gated
+    gated.close()
+
+
+@pytest.fixture(scope="module")
+def pod(module_redis: RedisServer, proxy: GatedProxy,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    """One slot, reached by the routers through the proxy (its advertised address)."""
+    workdir = tmp_path_factory.mktemp("admission-pod")
+    server = support.pod(module_redis.url, workdir, "gated", 1, "default", "--advertise-address",
+                         f"127.0.0.1:{proxy.port}", "--resume-grace-seconds", GRACE)
+    proxy.target = server.port
+    with server:
+        server.wait_ready()
+        yield server
+
+
+@pytest.fixture(scope="module")
+def router(module_redis: RedisServer, pod: servers.ServerProcess,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[support.RouterProcess]:
+    """Patient with Redis and pods: on a loaded machine a Redis call past the 0.5 s
+    default leaves a released record to its lease, and a dial held by the proxy past
+    the 5 s default is dropped half open (the pod then holds the slot for a resume)."""
+    proc = support.router(module_redis.url, tmp_path_factory.mktemp("admission-router"),
+                          "--queue-timeout", "60", "--queue-max", "1", "--resume-grace-s", GRACE,
+                          "--log-level", "info")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ASRPOOL_REDIS_TIMEOUT_S", "5")
+        env.setenv("ASRPOOL_POD_CONNECT_TIMEOUT_S", "30")
+        proc.start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(autouse=True)
+async def _nothing_left(router: support.RouterProcess, pod: servers.ServerProcess,
+                        proxy: GatedProxy, module_redis: RedisServer) -> AsyncIterator[None]:
+    """Each test starts and ends with a free slot, an empty queue, no session record."""
+    yield
+    proxy.gate.set()
+    await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
+    await support.async_wait_until(lambda: _waiting(router, 0), 10, "an empty queue")
+    try:
+        await support.async_wait_until(lambda: _nothing_held(module_redis), 10, "no records")
+    except AssertionError as exc:
+        left = await _records(module_redis)
+        text = router.log_path.read_text(errors="replace")
+        lines = [line for line in text.splitlines() if any(k[-32:] in line for k in left)]
+        raise AssertionError(f"left in Redis: {left}; the router said: {lines}") from exc
+    assert "Traceback" not in router.log()
 
 
 async def _upgrade(port: int, *headers: str) -> asyncio.StreamWriter:
@@ -40,148 +154,21 @@ async def _idle(pod: servers.ServerProcess) -> bool:
     return (await asyncio.to_thread(pod.modules_info))["used_slots"] == 0
 
 
-async def _nothing_held(redis: aioredis.Redis, pod_id: str) -> bool:
-    records = [k for k in await redis.keys("asrpool:session:*") if not k.endswith(":ended")]
-    return not records and not await redis.zcard(f"asrpool:pod:{pod_id}:sessions")
+async def _records(redis_server: RedisServer) -> list[str]:
+    redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        keys = await redis.keys("asrpool:session:*")
+        counted = await redis.zrange("asrpool:pod:gated:sessions", 0, -1)
+        return [k for k in keys if not k.endswith(":ended")] + counted
+    finally:
+        await redis.aclose()
 
 
-async def test_the_queue_refuses_beyond_its_bound_and_forgets_who_left(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
-    pod = support.pod(redis_server.url, tmp_path, "one-slot", 1)
-    router = support.router(redis_server.url, tmp_path, "--queue-timeout", "60",
-                            "--queue-max", "1")
-    with pod:
-        pod.wait_ready()
-        router.start()
-        try:
-            holder = await support.connect(router.ws_url)
-            assert (await support.first_message(holder.ws))["type"] == "Ready"
-            leaver = await _upgrade(router.port)
-            await support.async_wait_until(lambda: _waiting(router, 1), 10, "a waiter")
-            refused = await support.connect(router.ws_url)
-            told = await support.until_closed(refused.ws)
-            assert [m["code"] for m in told] == ["queue_full"]
-            assert "queue is full" in told[0]["message"] and refused.ws.close_code == 1013
-            leaver.transport.abort()  # its ticket goes now, not when its wait would end
-            await support.async_wait_until(lambda: _waiting(router, 0), 5, "the ticket to go")
-            waiter = asyncio.create_task(support.connect(router.ws_url))
-            await support.async_wait_until(lambda: _waiting(router, 1), 10, "the next waiter")
-            await holder.ws.close()
-            opened = await waiter  # the slot went to the one still there
-            assert (await support.first_message(opened.ws))["type"] == "Ready"
-            await opened.ws.close()
-        finally:
-            router.kill()
-
-
-class GatedProxy:
-    """A TCP proxy in front of a pod that holds what the pod says until ``gate`` is
-    set: the router's admission is caught between the pod's accept and its Ready."""
-
-    def __init__(self) -> None:
-        self.target = 0
-        self.answered = asyncio.Event()  # the pod has answered (101 and Ready)
-        self.gate = asyncio.Event()
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        pod_reader, pod_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        await asyncio.gather(self._pipe(reader, pod_writer, held=False),
-                             self._pipe(pod_reader, writer, held=True), return_exceptions=True)
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    held: bool) -> None:
-        try:
-            while data := await reader.read(65536):
-                if held:
-                    self.answered.set()
-                    await self.gate.wait()
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
-
-    def close(self) -> None:
-        self.server.close()
-
-
-async def test_a_client_that_leaves_while_its_pod_link_opens_leaves_nothing(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
-    """The pod took the stream, the router waits for its Ready, the client leaves: the
-    link is closed cleanly (the pod frees the slot at once, no resume hold) and the
-    reservation released. (The router used to attach it, fail its accept with an
-    exception, and leave the link open: the pod held the slot until its idle timeout.)"""
-    proxy = GatedProxy()
-    proxy_port = await proxy.start()
-    pod = support.pod(redis_server.url, tmp_path, "gated", 1, "default",
-                      "--advertise-address", f"127.0.0.1:{proxy_port}")
-    proxy.target = pod.port
-    router = support.router(redis_server.url, tmp_path)
-    with pod:
-        await asyncio.to_thread(pod.wait_ready)
-        await asyncio.to_thread(router.start)
-        try:
-            client = await _upgrade(router.port)
-            await asyncio.wait_for(proxy.answered.wait(), 30)
-            assert not await _idle(pod)  # the pod holds the slot for this stream
-            client.transport.abort()
-            await asyncio.sleep(0.5)  # for the router to see it go (if it does later, its
-            proxy.gate.set()  # accept fails instead: the same end is asserted)
-            await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
-            redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-            await support.async_wait_until(lambda: _nothing_held(redis, "gated"), 10,
-                                           "the session record to go")
-            await redis.aclose()
-        finally:
-            router.kill()
-            proxy.close()
-    assert "Traceback" not in router.log()
-
-
-async def test_a_detached_stream_is_resumable_after_a_redis_restart(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
-    """A client drops (resumable), Redis restarts empty: the router that held the stream
-    writes its record back, and the client resumes through the router, on its pod, from
-    where the pod had got to. (The record was lost: bad_resume_token while the pod still
-    held the slot.)"""
-    grace = "20"  # ample for a restart on a busy machine (the pods' default is 30 s)
-    pod = support.pod(redis_server.url, tmp_path, "keeps", 1, "default",
-                      "--resume-grace-seconds", grace)
-    router = support.router(redis_server.url, tmp_path, "--resume-grace-s", grace)
-    with pod:
-        await asyncio.to_thread(pod.wait_ready)
-        await asyncio.to_thread(router.start)
-        try:
-            opened = await support.connect(router.ws_url, {protocol.RESUMABLE_HEADER: "1"})
-            assert (await support.first_message(opened.ws))["type"] == "Ready"
-            await opened.ws.send(kyutai_client.audio(np.zeros(1920 * 3, dtype=np.float32)))
-            await asyncio.sleep(0.5)  # for the pod to take the audio in
-            opened.ws.transport.abort()
-            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
-                                           10, "the session to be detached")
-            redis_server.kill()
-            redis_server.start()
-            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
-                                           10, "the record to be written back")
-            again = await support.connect(
-                router.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token})
-            first = await support.first_message(again.ws)
-            assert first["type"] == "Ready", first
-            assert again.session_id == opened.session_id
-            assert again.ws.response is not None
-            assert again.ws.response.headers[protocol.RESUME_OFFSET_HEADER] == str(1920 * 3)
-            await again.ws.close()
-            await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
-        finally:
-            router.kill()
+async def _nothing_held(redis_server: RedisServer) -> bool:
+    try:
+        return not await _records(redis_server)
+    except redis_errors.ConnectionError:
+        return False
 
 
 async def _detached(redis_server: RedisServer, sid: str) -> bool:
@@ -194,45 +181,90 @@ async def _detached(redis_server: RedisServer, sid: str) -> bool:
         await redis.aclose()
 
 
+async def test_the_queue_refuses_beyond_its_bound_and_forgets_who_left(
+        router: support.RouterProcess) -> None:
+    holder = await support.connect(router.ws_url)
+    assert (await support.first_message(holder.ws))["type"] == "Ready"
+    leaver = await _upgrade(router.port)
+    await support.async_wait_until(lambda: _waiting(router, 1), 10, "a waiter")
+    refused = await support.connect(router.ws_url)
+    told = await support.until_closed(refused.ws)
+    assert [m["code"] for m in told] == ["queue_full"]
+    assert "queue is full" in told[0]["message"] and refused.ws.close_code == 1013
+    leaver.transport.abort()  # its ticket goes now, not when its wait would end
+    await support.async_wait_until(lambda: _waiting(router, 0), 5, "the ticket to go")
+    waiter = asyncio.create_task(support.connect(router.ws_url))
+    await support.async_wait_until(lambda: _waiting(router, 1), 10, "the next waiter")
+    await holder.ws.close()
+    opened = await waiter  # the slot went to the one still there
+    assert (await support.first_message(opened.ws))["type"] == "Ready"
+    await opened.ws.close()
+
+
+async def test_a_client_that_leaves_while_its_pod_link_opens_leaves_nothing(
+        router: support.RouterProcess, pod: servers.ServerProcess, proxy: GatedProxy) -> None:
+    """The pod took the stream, the router waits for its Ready, the client leaves: the
+    link is closed cleanly (the pod frees the slot at once, no resume hold) and the
+    reservation released (checked after each test). The router used to attach it, fail
+    its accept with an exception and leave the link open: the pod held the slot until
+    its idle timeout."""
+    proxy.hold()
+    client = await _upgrade(router.port)
+    assert await asyncio.to_thread(proxy.answered.wait, 30)
+    assert not await _idle(pod)  # the pod holds the slot for this stream
+    client.transport.abort()
+    await asyncio.sleep(0.5)  # for the router to see it go (if it does later, its
+    proxy.gate.set()  # accept fails instead: the same end is asserted)
+
+
+async def _dropped_resumable_stream(router: support.RouterProcess,
+                                    redis_server: RedisServer) -> support.Opened:
+    """A stream with 3 frames of audio whose client dropped: detached, held by the pod."""
+    opened = await support.connect(router.ws_url, {protocol.RESUMABLE_HEADER: "1"})
+    assert (await support.first_message(opened.ws))["type"] == "Ready"
+    await opened.ws.send(kyutai_client.audio(np.zeros(1920 * 3, dtype=np.float32)))
+    await asyncio.sleep(0.5)  # for the pod to take the audio in
+    opened.ws.transport.abort()
+    await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
+                                   10, "the session to be detached")
+    return opened
+
+
+async def _resume_and_close(router: support.RouterProcess, opened: support.Opened) -> None:
+    again = await support.connect(router.ws_url,
+                                  {protocol.RESUME_TOKEN_HEADER: opened.resume_token})
+    assert (await support.first_message(again.ws))["type"] == "Ready"
+    assert again.session_id == opened.session_id
+    assert again.ws.response is not None
+    assert again.ws.response.headers[protocol.RESUME_OFFSET_HEADER] == str(1920 * 3)
+    await again.ws.close()
+
+
+async def test_a_detached_stream_is_resumable_after_a_redis_restart(
+        router: support.RouterProcess, module_redis: RedisServer) -> None:
+    """Redis restarts empty while a stream is detached: the router that held it writes
+    its record back, and the client resumes on its pod from where the pod had got to.
+    (The record was lost: bad_resume_token while the pod still held the slot.)"""
+    opened = await _dropped_resumable_stream(router, module_redis)
+    module_redis.kill()
+    module_redis.start()
+    await support.async_wait_until(lambda: _detached(module_redis, opened.session_id),
+                                   10, "the record to be written back")
+    await _resume_and_close(router, opened)
+
+
 async def test_a_client_that_leaves_during_its_resume_can_resume_again(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
+        router: support.RouterProcess, module_redis: RedisServer, proxy: GatedProxy) -> None:
     """A resuming client that drops before its 101 still holds its token: the stream
     stays held (detached), and the next resume gets it. (The router used to close the
     pod link and release the session: the stream was gone.)"""
-    proxy = GatedProxy()
-    proxy_port = await proxy.start()
-    pod = support.pod(redis_server.url, tmp_path, "gated", 1, "default",
-                      "--advertise-address", f"127.0.0.1:{proxy_port}",
-                      "--resume-grace-seconds", "20")
-    proxy.target = pod.port
-    router = support.router(redis_server.url, tmp_path, "--resume-grace-s", "20")
-    with pod:
-        await asyncio.to_thread(pod.wait_ready)
-        await asyncio.to_thread(router.start)
-        try:
-            proxy.gate.set()
-            opened = await support.connect(router.ws_url, {protocol.RESUMABLE_HEADER: "1"})
-            assert (await support.first_message(opened.ws))["type"] == "Ready"
-            opened.ws.transport.abort()
-            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
-                                           10, "the session to be detached")
-            proxy.gate.clear()
-            proxy.answered.clear()
-            client = await _upgrade(router.port,
-                                    f"{protocol.RESUME_TOKEN_HEADER}: {opened.resume_token}")
-            await asyncio.wait_for(proxy.answered.wait(), 30)  # the pod gave it back
-            client.transport.abort()
-            await asyncio.sleep(0.3)
-            proxy.gate.set()  # the router gets the pod's Ready, its accept fails
-            await support.async_wait_until(lambda: _detached(redis_server, opened.session_id),
-                                           10, "the session to be detached again")
-            again = await support.connect(
-                router.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token})
-            assert (await support.first_message(again.ws))["type"] == "Ready"
-            assert again.session_id == opened.session_id
-            await again.ws.close()
-            await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
-        finally:
-            router.kill()
-            proxy.close()
+    opened = await _dropped_resumable_stream(router, module_redis)
+    proxy.hold()
+    client = await _upgrade(router.port, f"{protocol.RESUME_TOKEN_HEADER}: {opened.resume_token}")
+    assert await asyncio.to_thread(proxy.answered.wait, 30)  # the pod gave the stream back
+    client.transport.abort()
+    await asyncio.sleep(0.3)
+    proxy.gate.set()  # the router gets the pod's Ready; its accept fails
+    await support.async_wait_until(lambda: _detached(module_redis, opened.session_id),
+                                   10, "the session to be detached again")
+    await _resume_and_close(router, opened)
