@@ -142,9 +142,10 @@ async def test_a_child_deleted_or_edited_by_hand_is_put_back(
 
 
 async def test_an_invalid_pool_is_degraded_and_its_children_are_left_alone(
-    cluster: emulator.Cluster, operator: KopfRunner
+    cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
 ) -> None:
     before = await checks.created(cluster, maxGPUs=4)
+    await checks.beat(redis_server.url, "stt-0", 8, 3)  # its live pods still count
     await cluster.create(checks.manifest("other", slots=8))
     await eventually(lambda: checks.children_of(cluster, "other"))
     mark = cluster.mark()
@@ -160,6 +161,8 @@ async def test_an_invalid_pool_is_degraded_and_its_children_are_left_alone(
     assert checks.condition(cluster, "Degraded", "other")["status"] == "False"
     warning = await eventually(lambda: cluster.events(NS, "InvalidSpec")[0])
     assert warning["type"] == "Warning"
+    status = checks.pool_status(cluster)
+    assert (status["slots"], status["freeSlots"]) == (8, 3)  # read as NAMESPACE/NAME
 
 
 async def test_a_pool_invalid_from_the_start_gets_no_children(
