@@ -190,17 +190,16 @@ class Mounts:
         return cls(table)
 
     def rewrite(self, value: str) -> str:
-        for mount_path in sorted(self.table, key=len, reverse=True):
-            pattern = re.compile(r"(^|[=:,])" + re.escape(mount_path) + r"(?=/|$|[:,])")
-            value = pattern.sub(_replacer(str(self.table[mount_path])), value)
-        return value
+        """One pass, the longest mount path first: a path already rewritten to a host
+        folder is never rewritten again (a hostPath under /tmp with a mount at /tmp)."""
+        if not self.table:
+            return value
+        paths = "|".join(re.escape(path) for path in sorted(self.table, key=len, reverse=True))
+        pattern = re.compile(r"(^|[=:,])(" + paths + r")(?=/|$|[:,])")
+        return pattern.sub(lambda match: match[1] + str(self.table[match[2]]), value)
 
     def rewrite_all(self, values: Sequence[str]) -> list[str]:
         return [self.rewrite(value) for value in values]
-
-
-def _replacer(local: str) -> Callable[[re.Match[str]], str]:
-    return lambda match: match[1] + local
 
 
 def restart_delay(restarts: int, base: float = 1.0, cap: float = 30.0) -> float:

@@ -79,5 +79,15 @@ def test_paths_under_a_mount_point_become_the_volumes_folder(tmp_path: Path) -> 
         podspecs.Mounts.of({"name": "c", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}, {})
 
 
+def test_a_rewritten_path_is_not_rewritten_again(tmp_path: Path) -> None:
+    """A hostPath volume whose folder lies under another mount point (/tmp here)."""
+    container = {"name": "c", "volumeMounts": [{"name": "model", "mountPath": "/var/model"},
+                                               {"name": "tmp", "mountPath": "/tmp"}]}
+    host_folder = Path("/tmp/checkpoints/a")
+    mounts = podspecs.Mounts.of(container, {"model": host_folder, "tmp": tmp_path / "scratch"})
+    assert mounts.rewrite("/var/model/config.json") == "/tmp/checkpoints/a/config.json"
+    assert mounts.rewrite("/tmp/x") == f"{tmp_path}/scratch/x"
+
+
 def test_restart_back_off_doubles_up_to_its_cap() -> None:
     assert [podspecs.restart_delay(n) for n in (1, 2, 3, 10)] == [1.0, 2.0, 4.0, 30.0]
