@@ -108,7 +108,7 @@ def router(module_redis: RedisServer, pod: servers.ServerProcess,
                           "--queue-timeout", "60", "--queue-max", "1", "--resume-grace-s", GRACE,
                           "--log-level", "info")
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("ASRPOOL_REDIS_TIMEOUT_S", "5")
+        env.setenv("ASRPOOL_REDIS_TIMEOUT_SECONDS", "5")
         env.setenv("ASRPOOL_POD_CONNECT_TIMEOUT_S", "30")
         proc.start()
     yield proc
