@@ -50,6 +50,7 @@ async def _flood(platform: conftest.Platform, endpoint: str, frame: bytes) -> di
 async def _flood_beside_a_neighbour(platform: conftest.Platform, endpoint: str,
                                     frame: bytes) -> dict[str, Any]:
     alone = await _neighbour(platform, endpoint)
+    await asyncio.to_thread(platform.wait_settled)  # its slot is freed a moment later
     error, beside = await asyncio.gather(_flood(platform, endpoint, frame),
                                          _neighbour(platform, endpoint))
     assert alone and beside == alone
