@@ -51,6 +51,18 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--ping-interval-s", {"type": float, "help": "websocket ping period towards clients"}),
     ("--ping-timeout-s", {"type": float, "help": "drop a client not answering a ping within"}),
     (
+        "--send-timeout-s",
+        {"type": float, "help": "drop a client whose unread bytes stall the relay this long"},
+    ),
+    ("--max-head-bytes", {"type": int, "help": "largest request line + headers (else 431)"}),
+    ("--max-headers", {"type": int, "help": "most request header lines (else 431)"}),
+    ("--max-url-bytes", {"type": int, "help": "longest path + query (else 414)"}),
+    (
+        "--handshake-timeout-s",
+        {"type": float, "help": "a request head must be complete within this (else 408)"},
+    ),
+    ("--max-connections", {"type": int, "help": "connections per worker process (else 503)"}),
+    (
         "--gpu-hour-price",
         {"type": float, "help": "dollars per GPU-hour: /api/pools and /metrics show the cost"},
     ),

@@ -32,7 +32,15 @@ class PodLost:
     detail: str
 
 
-End = ClientLeft | TooLarge | PodClosed | PodLost
+@dataclasses.dataclass(frozen=True)
+class TooSlow:
+    """The client read nothing while its bytes stayed over the high-water mark for
+    ``seconds``: the connection was aborted; the session is released."""
+
+    seconds: float
+
+
+End = ClientLeft | TooLarge | PodClosed | PodLost | TooSlow
 
 # Client close codes of a lost connection (1005 no status, 1006 no close frame): the
 # pod keeps the slot for a resume only if the client asked for one. This router

@@ -13,7 +13,9 @@ direction follows the frame headers, so that the router still
 - pings its client every ``ping_interval_s`` and drops one from which nothing arrived
   within ``ping_timeout_s`` of a ping, unless the router is holding it back;
 - puts a frame of its own (a ping, a pong, an ``Error``, a close) only at a frame
-  boundary of the flow it joins.
+  boundary of the flow it joins;
+- aborts a client that does not read: its write buffer over the high-water mark for
+  ``send_timeout_s`` ends the stream (``TooSlow``), whatever else it sends.
 
 Backpressure is TCP's: when one side's write buffer passes its high-water mark the
 other side's socket stops being read until it drains. Nothing else is buffered.
@@ -29,6 +31,7 @@ from asrpool.common import framing, protocol
 from asrpool.router import frames, links, metrics, proxying
 
 CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicorn
+PAD_LIMIT_BYTES = 1 << 20  # the most filler sent to finish a cut frame
 
 
 class _ClientSide(asyncio.Protocol):
@@ -43,8 +46,10 @@ class _ClientSide(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.relay.read_pod(False)
+        self.relay.client_stalled(True)
 
     def resume_writing(self) -> None:
+        self.relay.client_stalled(False)
         self.relay.read_pod(True)
 
 
@@ -56,6 +61,7 @@ class Relay:
         max_bytes: int,
         meters: metrics.Metrics,
         ping: tuple[float, float],
+        send_timeout_s: float,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.client = cast(asyncio.Transport, handover.hand_over(self.shutdown))
@@ -71,6 +77,8 @@ class Relay:
         self.heard = False  # anything from the client since the last ping (a flag: uvloop's
         # clock has millisecond steps, a loopback pong can come within the same one)
         self.timer: asyncio.TimerHandle | None = None
+        self.send_timeout_s = send_timeout_s
+        self.stall_timer: asyncio.TimerHandle | None = None
         self.meters = meters.relayed
         self.counted = [0, 0]  # messages up and down already counted
         link.at_boundary = lambda: self.up.at_boundary
@@ -99,6 +107,7 @@ class Relay:
         self.ended.set_result(end)
         if self.timer is not None:
             self.timer.cancel()
+        self.client_stalled(False)
         for transport in (self.client, self.link.transport):
             if transport is not None and not transport.is_closing():
                 transport.pause_reading()
@@ -169,6 +178,29 @@ class Relay:
                 self.end(proxying.PodClosed(*frames.close_code(control.payload)))
                 return
 
+    def client_stalled(self, stalled: bool) -> None:
+        """The deadline on sends to the client: armed while its write buffer is over
+        the high-water mark (the pod is not read meanwhile), disarmed once it drains."""
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
+        if stalled and not self.ended.done():
+            self.stall_timer = self.loop.call_later(self.send_timeout_s, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self.stall_timer = None
+        self.end(proxying.TooSlow(self.send_timeout_s))
+        self.client.abort()  # a close would wait for a buffer that never drains
+
+    def finish_client_frame(self) -> None:
+        """Complete the client's frame that its end cut short (a client aborted in the
+        middle of one) with filler, so that the pod link can still be closed cleanly
+        (the pod frees the slot at once; it refuses the garbled message or takes it).
+        A large remainder is not worth sending: the link is then dropped."""
+        if 0 < self.up.skip <= PAD_LIMIT_BYTES and self.link.transport is not None:
+            self.link.write(bytes(self.up.skip))
+            self.up.skip = 0
+
     def pod_lost(self) -> None:
         self.end(proxying.PodLost("the pod's connection was lost"))
 
@@ -221,7 +253,9 @@ class Relay:
         if not self.tell_client(frames.close_frame(code, reason)):
             self.client.abort()
             return
-        self.loop.call_later(CLIENT_CLOSE_TIMEOUT_S, self.client.close)
+        # Then drop it: a close would wait for a write buffer that a client that does
+        # not read never drains.
+        self.loop.call_later(CLIENT_CLOSE_TIMEOUT_S, self.client.abort)
         self.client.resume_reading()
 
     def shutdown(self) -> None:

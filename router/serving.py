@@ -20,7 +20,7 @@ import time
 
 import uvicorn
 
-from asrpool.common import auth, framing
+from asrpool.common import auth, limits
 from asrpool.router import app, settings, wiring
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,13 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # so frames pass through unchanged. uvloop runs the relay's protocols.
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
+    # Before authentication, limits.uvicorn_options bounds what a connection may cost.
     uv_config = uvicorn.Config(
         app.create_app(config, wiring.build(config)),
         host=config.host,
         port=config.port,
         loop="uvloop",
-        ws=framing.WebSocketProtocol,
+        **limits.uvicorn_options(config.connection_limits),
         ws_max_size=config.max_message_bytes,
         ws_per_message_deflate=False,
         # A client that answers no ping within the timeout and sent nothing else

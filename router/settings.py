@@ -9,7 +9,7 @@ from pathlib import Path
 import pydantic
 import pydantic_settings
 
-from asrpool.common import protocol, redis_clients, registry
+from asrpool.common import limits, protocol, redis_clients, registry
 from asrpool.router import policies
 
 
@@ -65,11 +65,26 @@ class RouterSettings(redis_clients.RedisCredentials):
     ping_interval_s: float = pydantic.Field(default=10.0, gt=0)
     ping_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     redis_timeout_seconds: float = pydantic.Field(default=0.5, gt=0)
+    # What a connection may cost (asrpool.common.limits): a client whose unsent bytes
+    # stay over the relay's high-water mark this long is dropped and its session released.
+    send_timeout_s: float = pydantic.Field(default=limits.DEFAULT_SEND_TIMEOUT_S, gt=0)
+    max_head_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_HEAD_BYTES, ge=1024)
+    max_headers: int = pydantic.Field(default=limits.DEFAULT_MAX_HEADERS, ge=8)
+    max_url_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_URL_BYTES, ge=256)
+    handshake_timeout_s: float = pydantic.Field(default=limits.DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
+    max_connections: int = pydantic.Field(default=16384, ge=2)  # per worker process
     # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
     # no cost shown) and GPUs per server pod (the pools' resources.gpus).
     gpu_hour_price: float | None = pydantic.Field(default=None, ge=0)
     gpus_per_pod: float = pydantic.Field(default=1.0, ge=0)
     log_level: str = "info"
+
+    @property
+    def connection_limits(self) -> limits.Limits:
+        return limits.Limits(
+            max_head_bytes=self.max_head_bytes, max_headers=self.max_headers,
+            max_url_bytes=self.max_url_bytes, handshake_timeout_s=self.handshake_timeout_s,
+            max_connections=self.max_connections, send_timeout_s=self.send_timeout_s)
 
     @property
     def pending_ms(self) -> int:

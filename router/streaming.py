@@ -176,13 +176,18 @@ async def run(
         await _left_before_upgrade(ws, session, opened, deps)
         return
     # Taken right after the accept: uvicorn wrote the 101 without yielding to the loop.
-    relay = relaying.Relay(
-        ws.scope["extensions"][framing.HANDOVER]["protocol"],
-        opened.link,
-        deps.config.max_message_bytes,
-        deps.meters,
-        (deps.config.ping_interval_s, deps.config.ping_timeout_s),
-    )
+    try:
+        relay = relaying.Relay(
+            ws.scope["extensions"][framing.HANDOVER]["protocol"],
+            opened.link,
+            deps.config.max_message_bytes,
+            deps.meters,
+            (deps.config.ping_interval_s, deps.config.ping_timeout_s),
+            deps.config.send_timeout_s,
+        )
+    except framing.EarlyFrames as exc:
+        await _early_frames(ws, session, opened, exc, deps)
+        return
     deps.sessions.add(session)
     deps.meters.sessions_open.inc()
     try:
@@ -209,6 +214,18 @@ async def _left_before_upgrade(
     await _settle(session, resuming, deps)
 
 
+async def _early_frames(ws: starlette_ws.WebSocket, session: admissions.Session,
+                        opened: pods.Opened, exc: framing.EarlyFrames, deps: wiring.Deps) -> None:
+    """A client that did not wait for the 101: refused (close 1002), the stream ended."""
+    log.info("session %s refused: %s", session.session_id, exc)
+    deps.meters.rejections.labels("protocol_error").inc()
+    await opened.link.close()
+    await _settle(session, False, deps)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(ws.close(protocol.CloseCode.PROTOCOL_ERROR, str(exc)),
+                               relaying.CLIENT_CLOSE_TIMEOUT_S)
+
+
 async def finish(
     ws: starlette_ws.WebSocket,
     relay: relaying.Relay,
@@ -227,6 +244,7 @@ async def finish(
         opened.link.abort()
     _tell_client(relay, end, deps)
     if not abort:
+        relay.finish_client_frame()
         await opened.link.close()  # a clean end: the pod frees the slot
     await _settle(session, detach, deps)
     with contextlib.suppress(TimeoutError):  # the client's answer to our close
@@ -248,6 +266,8 @@ def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) ->
         _refuse_relayed(relay, refusals.too_large(end.size, deps.config.max_message_bytes), deps)
     elif isinstance(end, proxying.PodLost):
         _refuse_relayed(relay, refusals.pod_lost(), deps)
+    elif isinstance(end, proxying.TooSlow):  # nothing can reach it: aborted already
+        deps.meters.rejections.labels("too_slow").inc()
     elif isinstance(end, proxying.PodClosed):
         unsendable = (protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST, protocol.CloseCode.TLS)
         code = protocol.CloseCode.NORMAL if end.code in unsendable else end.code

@@ -69,8 +69,8 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark and write JSON results")
-    parser.add_argument(
-        "target", choices=["engine", "server", "router", "capacity", "isolation", "queue"])
+    parser.add_argument("target", choices=[
+        "engine", "server", "router", "capacity", "isolation", "queue", "soak"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark")
     parser.set_defaults(handler=_bench)
 

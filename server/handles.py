@@ -27,6 +27,7 @@ class Handle:
         self._buffers = buffers
         self._meters = meters
         self._cap = config.max_buffer_samples
+        self._max_markers = config.max_pending_markers
 
     @property
     def session_id(self) -> str:
@@ -55,7 +56,7 @@ class Handle:
     async def push(self, message: protocol.ClientMessage) -> None:
         """Take one client message; raises :class:`protocol.ProtocolError`."""
         if message["type"] == "Marker":
-            self._buffers.push_marker(self._stream.slot, message["id"])
+            self.push_marker(message["id"])
         elif message["type"] == "Init":
             self.restart()
         elif message["type"] == "OggOpus" and len(message["data"]) > _DECODE_IN_LOOP:
@@ -64,6 +65,15 @@ class Handle:
             self.push_audio(await asyncio.to_thread(self._stream.input.pcm, message))
         else:
             self.push_audio(self._stream.input.pcm(message))
+
+    def push_marker(self, marker_id: int) -> None:
+        stream = self._stream
+        if stream.markers_waiting >= self._max_markers:
+            raise protocol.ProtocolError(
+                f"{stream.markers_waiting} markers are waiting for their audio; at most "
+                f"{self._max_markers} may (send audio after a marker)", "too_many_markers")
+        stream.markers_waiting += 1
+        self._buffers.push_marker(stream.slot, marker_id)
 
     def push_audio(self, pcm: np.ndarray) -> None:
         self._buffers.push_audio(self._stream.slot, pcm)

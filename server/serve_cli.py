@@ -43,6 +43,19 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
                                "drop a client not answering a ping within this"),
     "--max-message-bytes": ("max_message_bytes", int, "largest client message accepted"),
     "--max-upload-bytes": ("max_upload_bytes", int, "largest POST /api/asr-streaming body"),
+    "--max-messages-per-second": ("max_messages_per_second", float,
+                                  "per connection; audio messages of 1920+ samples are free"),
+    "--message-burst": ("message_burst", float, "messages a connection may save up"),
+    "--max-pending-markers": ("max_pending_markers", int,
+                              "markers per stream waiting for their audio"),
+    "--send-timeout-seconds": ("send_timeout_seconds", float,
+                               "drop a client whose unread results stall sends this long"),
+    "--max-head-bytes": ("max_head_bytes", int, "largest request line + headers (else 431)"),
+    "--max-headers": ("max_headers", int, "most request header lines (else 431)"),
+    "--max-url-bytes": ("max_url_bytes", int, "longest request target, path + query (else 414)"),
+    "--handshake-timeout-seconds": ("handshake_timeout_seconds", float,
+                                    "a request head must be complete within this (else 408)"),
+    "--max-connections": ("max_connections", int, "connections per process (else 503)"),
     "--heartbeat-interval-seconds": ("heartbeat_interval_seconds", float, "Redis beat period"),
     "--log-level": ("log_level", str, "debug | info | warning | error"),
 }
@@ -63,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     import pydantic
     import uvicorn
 
-    from asrpool.common import auth, framing, redis_clients
+    from asrpool.common import auth, limits, redis_clients
     from asrpool.server import app as app_mod
     from asrpool.server import draining
 
@@ -77,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = app_mod.create_app(config, deps)
     uv_config = uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level,
-        ws=framing.WebSocketProtocol, ws_max_size=config.max_message_bytes,
+        app, host=config.host, port=config.port,
+        log_level=config.log_level, ws_max_size=config.max_message_bytes,
+        **limits.uvicorn_options(config.connection_limits),
         # A client that answers no ping within the timeout and sent nothing else
         # meanwhile is gone (moshi-server: 20 s without any frame); one held back by
         # backpressure is not (framing.WebSocketProtocol).

@@ -39,6 +39,7 @@ class Stream:
     detached: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     expiry: asyncio.TimerHandle | None = None
     sent: int = 0  # messages of this stream sent so far (not counting the Ready of an attach)
+    markers_waiting: int = 0  # markers pushed whose Marker has not come back yet
     history: collections.deque[bytes] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=HISTORY))
 
@@ -175,6 +176,8 @@ class Sessions:
             if stream is None or stream.generation != generation:
                 continue
             for event in output.events.get(slot, ()):
+                if isinstance(event, events.Marker):
+                    stream.markers_waiting -= 1
                 message = events.to_message(event, output.buffered.get(slot, 0))
                 stream.post(protocol.encode(message))
             stream.room.set()

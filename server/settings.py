@@ -8,7 +8,7 @@ from pathlib import Path
 import pydantic
 import pydantic_settings
 
-from asrpool.common import protocol, redis_clients, registry
+from asrpool.common import limits, protocol, redis_clients, registry
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
@@ -50,10 +50,25 @@ class ServerSettings(redis_clients.RedisCredentials):
     max_upload_bytes: int = pydantic.Field(default=64 << 20, ge=1024)  # POST bodies
     resume_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
     max_pending_messages: int = pydantic.Field(default=10_000, ge=16)
+    # One client cannot stall its neighbours (asrpool.server.budgets): messages per
+    # second per connection (a frame's worth of audio is free), and markers waiting for
+    # their audio per stream (one per 80 ms chunk with the buffer full is ~130).
+    max_messages_per_second: float = pydantic.Field(default=250.0, gt=0)
+    message_burst: float = pydantic.Field(default=2500.0, ge=1)
+    max_pending_markers: int = pydantic.Field(default=256, ge=1)
     idle_timeout_seconds: float = pydantic.Field(default=120.0, gt=0)
     ping_interval_seconds: float = pydantic.Field(default=10.0, gt=0)
     ping_timeout_seconds: float = pydantic.Field(default=10.0, gt=0)
     drain_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
+    # What a connection may cost (asrpool.common.limits): a client whose unsent results
+    # stay over the write buffer's high-water mark this long is dropped (too_slow).
+    send_timeout_seconds: float = pydantic.Field(default=limits.DEFAULT_SEND_TIMEOUT_S, gt=0)
+    max_head_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_HEAD_BYTES, ge=1024)
+    max_headers: int = pydantic.Field(default=limits.DEFAULT_MAX_HEADERS, ge=8)
+    max_url_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_URL_BYTES, ge=256)
+    handshake_timeout_seconds: float = pydantic.Field(
+        default=limits.DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
+    max_connections: int = pydantic.Field(default=2048, ge=2)  # keep above batch_size
     warmup_steps: int = pydantic.Field(default=2, ge=0)
 
     log_level: str = "info"
@@ -65,6 +80,13 @@ class ServerSettings(redis_clients.RedisCredentials):
             return self.advertise_address
         host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
         return f"{host}:{self.port}"
+
+    @property
+    def connection_limits(self) -> limits.Limits:
+        return limits.Limits(
+            max_head_bytes=self.max_head_bytes, max_headers=self.max_headers,
+            max_url_bytes=self.max_url_bytes, handshake_timeout_s=self.handshake_timeout_seconds,
+            max_connections=self.max_connections, send_timeout_s=self.send_timeout_seconds)
 
     @property
     def max_buffer_samples(self) -> int:

@@ -15,8 +15,8 @@ import time
 from starlette import responses, websockets
 from starlette.types import Message
 
-from asrpool.common import protocol
-from asrpool.server import handles, outcomes, pods
+from asrpool.common import framing, protocol
+from asrpool.server import budgets, handles, outcomes, pods
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,13 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
     await _attached(ws, pod, claimed, resumed=bool(token))
 
 
+def _too_slow(pod: pods.Pod) -> outcomes.Failed:
+    """Aborted by the send deadline: not a lost client that may come back, a stuck one."""
+    seconds = pod.settings.send_timeout_seconds
+    return outcomes.Failed(f"the client read none of its results for {seconds:g} s",
+                           "too_slow", protocol.CloseCode.POLICY)
+
+
 def _replay(handle: handles.Handle, received: int | None) -> None:
     replayed = 0 if received is None else handle.replay_from(received)
     logger.info("stream %s resumed: %d messages replayed, %d waiting", handle.session_id,
@@ -84,6 +91,8 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
             outcome = kick.result()
         else:  # the writer failed: the connection is gone
             outcome = outcomes.Lost()
+        if isinstance(outcome, outcomes.Lost) and framing.send_timed_out(ws.scope):
+            outcome = _too_slow(pod)
     finally:
         handle.detach()
         for task in (reader, writer):
@@ -118,6 +127,8 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
                 handle: handles.Handle) -> outcomes.Outcome:
     idle = pod.settings.idle_timeout_seconds
     last_audio = time.monotonic()
+    budget = budgets.MessageBudget(pod.settings.max_messages_per_second,
+                                   pod.settings.message_burst)
     while True:
         await handle.room()
         try:
@@ -130,15 +141,27 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
         if message["type"] == "websocket.disconnect":
             return _disconnected(pod, int(message.get("code") or protocol.CloseCode.NO_STATUS))
         data = message.get("bytes")
-        if data is None:
-            continue  # text frames are ignored, and do not count as activity, as in moshi-server
+        if data is None:  # text frames are ignored, and are no activity, as in moshi-server
+            if not budget.spend(0):
+                return _over_budget(pod)
+            continue
         last_audio = time.monotonic()
         try:
-            await handle.push(protocol.decode_client(data, pod.settings.max_message_bytes))
+            decoded = protocol.decode_client(data, pod.settings.max_message_bytes)
+            if not budget.spend(budgets.samples_of(decoded)):
+                return _over_budget(pod)
+            await handle.push(decoded)
         except protocol.ProtocolError as exc:
             too_large = exc.code == "too_large"
             return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large
                                    else protocol.CloseCode.POLICY)
+
+
+def _over_budget(pod: pods.Pod) -> outcomes.Failed:
+    rate = pod.settings.max_messages_per_second
+    return outcomes.Failed(
+        f"over {rate:g} messages per second (audio in frames of {protocol.FRAME_SIZE} "
+        "samples or more is not counted): send fewer, larger messages", "too_many_messages")
 
 
 def _disconnected(pod: pods.Pod, code: int) -> outcomes.Outcome:

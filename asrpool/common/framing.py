@@ -22,11 +22,24 @@ itself into the scope (``scope["extensions"][HANDOVER]["protocol"]``); after the
 app's ``websocket.accept`` the app calls :meth:`WebSocketProtocol.hand_over` and owns
 the raw transport from then on (uvicorn's parser and pings stop; a server shutdown
 calls the given callback instead of closing the connection itself).
+
+Send deadline: the kernel keeps at most ``UNSENT_BYTES`` of a websocket connection's
+output unsent (``TCP_NOTSENT_LOWAT``; otherwise its send buffer grows to megabytes for
+a client that reads nothing, and takes an hour of results to fill), and the
+transport's high-water mark is as low. A client that does not read thus soon holds
+every send (uvicorn waits for the transport to drain); if that lasts
+``send_timeout_s`` the connection is aborted (a close would wait for the buffer to
+drain, for ever) and :func:`send_timed_out` says so, so that the stream ends as
+``too_slow`` and frees its slot, resumable or not. Results at real time are about
+1 KB/s, so a client that reads is held only after some 30 s without reading. A ping
+not answered in time aborts the connection too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +50,12 @@ from websockets.http11 import Request
 from asrpool.common import protocol
 
 HANDOVER = "asrpool.handover"
+UNSENT_BYTES = 16 << 10  # in the kernel, and again in the transport, per connection
+
+
+class EarlyFrames(RuntimeError):
+    """A client sent frames before it had the 101 (RFC 6455 4.1: it must wait): its
+    bytes are parsed already, so its connection cannot be relayed."""
 
 
 class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
@@ -44,6 +63,13 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
 
     heard_at = 0.0  # loop time of the last bytes received from the client
     on_shutdown: Callable[[], None] | None = None  # set once the transport is handed over
+    send_timeout_s: float | None = None  # set by limits.uvicorn_options
+    stall_timer: asyncio.TimerHandle | None = None
+    send_timed_out = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        bound_unsent(self.transport)
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
@@ -54,10 +80,36 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
         """The raw connection, right after the accept (nothing read since: the 101 was
         written synchronously and the client waits for it before it sends)."""
         if not self.queue.empty() or self.read_paused:
-            raise RuntimeError("frames arrived before the hand-over")
+            raise EarlyFrames("the client sent frames before the handshake's response")
         self.stop_keepalive()
+        self._unstall()
         self.on_shutdown = on_shutdown
         return self.transport
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.send_timeout_s is not None and self.stall_timer is None:
+            self.stall_timer = self.loop.call_later(self.send_timeout_s, self._send_late)
+
+    def resume_writing(self) -> None:
+        self._unstall()
+        super().resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._unstall()
+        super().connection_lost(exc)
+
+    def _unstall(self) -> None:
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
+
+    def _send_late(self) -> None:
+        self.stall_timer = None
+        self.send_timed_out = True
+        self.logger.info("%s read nothing for %g s: connection aborted",
+                         peer(self.client), self.send_timeout_s)
+        self.transport.abort()
 
     def shutdown(self) -> None:
         if self.on_shutdown is not None:
@@ -76,6 +128,7 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
             self.schedule_ping()
             return
         super().keepalive_timeout()
+        self.transport.abort()  # its close would wait for a buffer the peer never reads
 
     async def send(self, message: Any) -> None:
         await super().send(message)
@@ -92,6 +145,26 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
             frame = frames.Frame(frames.Opcode.BINARY, error)
             self.transport.write(frame.serialize(mask=False))
         super().handle_parser_exception()
+
+
+def bound_unsent(transport: asyncio.Transport) -> None:
+    """At most ``UNSENT_BYTES`` unsent in the kernel and as many in the transport before
+    its protocol is told to stop writing."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_BYTES)
+    transport.set_write_buffer_limits(high=UNSENT_BYTES)
+
+
+def send_timed_out(scope: Any) -> bool:
+    """Whether the connection of this ASGI scope was aborted by the send deadline."""
+    handover = scope.get("extensions", {}).get(HANDOVER)
+    return bool(handover and handover["protocol"].send_timed_out)
+
+
+def peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "a client"
 
 
 def _reason(exc: exceptions.PayloadTooBig) -> str:

@@ -1,0 +1,173 @@
+"""What one connection may cost a pod or a router, before and after authentication.
+
+Pods and routers alike (both build their ``uvicorn.Config`` with
+:func:`uvicorn_options`):
+
+- The request head (request line and headers) is parsed by h11, not httptools, which
+  buffers a head of any size: h11 stops at ``max_head_bytes`` (its
+  ``max_incomplete_event_size``) and the client gets HTTP 431.
+- A head that is not complete ``handshake_timeout_s`` after the connection opened (or
+  after its first byte, on a kept-alive connection) is HTTP 408 and closed: half-open
+  handshakes do not stay.
+- A process holds at most ``max_connections`` connections (HTTP, websocket, relayed):
+  one more is HTTP 503 and closed at once, before it is read.
+- A request line over ``max_url_bytes`` is HTTP 414; more than ``max_headers``
+  header lines, or one longer than websockets' handshake parser takes (8 KiB), HTTP
+  431: checked on h11's request event, before the websocket handshake or the app
+  (and its query parsing) sees the request.
+- Sends to a websocket client that does not read have a deadline: a connection whose
+  write buffer stays over its high-water mark for ``send_timeout_s`` is aborted
+  (:class:`asrpool.common.framing.WebSocketProtocol`; the router's relay does the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from http import HTTPStatus
+from typing import Any
+
+import h11
+from uvicorn.protocols.http import h11_impl
+from websockets import http11
+
+from asrpool.common import framing
+
+DEFAULT_MAX_HEAD_BYTES = 32 << 10
+DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)
+DEFAULT_MAX_URL_BYTES = 4 << 10  # the request line; websockets refuses one over 8 KiB
+MAX_LINE_BYTES = http11.MAX_LINE_LENGTH  # a header line the websocket handshake takes
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
+DEFAULT_SEND_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    max_connections: int = 2048
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+
+
+def uvicorn_options(limits: Limits) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.Config`` that apply ``limits``."""
+    return {
+        "http": _configured(H11Protocol, limits=limits),
+        "ws": _configured(framing.WebSocketProtocol, send_timeout_s=limits.send_timeout_s),
+        "h11_max_incomplete_event_size": limits.max_head_bytes,
+    }
+
+
+def _configured(base: type[Any], **attributes: Any) -> type[Any]:
+    """A subclass of ``base`` with these class attributes (uvicorn builds protocols
+    from a class and its own config alone)."""
+    return type(base.__name__, (base,), attributes)
+
+
+def refusal(status: HTTPStatus, text: str) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection."""
+    body = text.encode()
+    head = (f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: text/plain; "
+            f"charset=utf-8\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class Connection(h11.Connection):
+    """h11's server connection that refuses a request beyond the limits as a protocol
+    error (uvicorn then answers it through ``send_400_response``), naming why."""
+
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
+        self.limits = limits
+        self.problem: tuple[HTTPStatus, str] | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            self.problem = request_problem(event, self.limits)
+            if self.problem is not None:
+                raise h11.RemoteProtocolError(self.problem[1], self.problem[0].value)
+        return event
+
+
+def request_problem(request: h11.Request, limits: Limits) -> tuple[HTTPStatus, str] | None:
+    if len(request.target) > limits.max_url_bytes:
+        return HTTPStatus.REQUEST_URI_TOO_LONG, (
+            f"URL of {len(request.target)} bytes is over the limit of {limits.max_url_bytes}")
+    if len(request.headers) > limits.max_headers:
+        return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, (
+            f"{len(request.headers)} header lines are over the limit of {limits.max_headers}")
+    longest = max((len(name) + len(value) + 2 for name, value in request.headers), default=0)
+    if longest > MAX_LINE_BYTES:
+        return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, (
+            f"a header line of {longest} bytes is over the limit of {MAX_LINE_BYTES}")
+    return None
+
+
+class H11Protocol(h11_impl.H11Protocol):
+    """uvicorn's h11 protocol with a connection cap, a head deadline and bounded
+    requests (431, 414)."""
+
+    limits = Limits()
+    head_timer: asyncio.TimerHandle | None = None
+    refused = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = Connection(self.limits)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self.refuse(HTTPStatus.SERVICE_UNAVAILABLE,
+                        f"over {self.limits.max_connections} connections; try again later")
+            return
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self.head_timer is None:  # a head has begun on a kept-alive connection
+                self._arm_head_timer()
+        else:
+            self._disarm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        assert isinstance(self.conn, Connection)
+        if self.conn.problem is not None:
+            self.refuse(*self.conn.problem)
+            return
+        if len(self.conn.trailing_data[0]) > self.limits.max_head_bytes:
+            self.refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        f"request head over {self.limits.max_head_bytes} bytes")
+            return
+        super().send_400_response(msg)
+
+    def refuse(self, status: HTTPStatus, text: str) -> None:
+        self.refused = True
+        self._disarm_head_timer()
+        self.logger.info("%s refused: %d %s", framing.peer(self.client), status.value, text)
+        self.transport.write(refusal(status, text))
+        self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        self.head_timer = self.loop.call_later(self.limits.handshake_timeout_s, self._head_late)
+
+    def _disarm_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_late(self) -> None:
+        self.head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.refuse(HTTPStatus.REQUEST_TIMEOUT,
+                        f"request head not complete within {self.limits.handshake_timeout_s:g} s")
