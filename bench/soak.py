@@ -471,7 +471,8 @@ def wait_used(pod: Target, most: int, timeout: float = 40.0) -> None:
 
 
 def leaks(plat: local.LocalPlatform, pod: Target, timeout: float = 40.0) -> dict[str, int]:
-    client = redis.Redis.from_url(plat.redis_url, decode_responses=True)
+    client = redis.Redis.from_url(plat.redis_url, password=plat.redis_password,
+                                  decode_responses=True)
     deadline = time.monotonic() + timeout
     while True:
         used = used_slots(pod)
