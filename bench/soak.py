@@ -80,9 +80,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="how long each would send unless cut")
     parser.add_argument("--flood-messages", type=int, default=20_000)
     parser.add_argument("--baseline-seconds", type=float, default=10.0)
-    parser.add_argument("--handshake-timeout-s", type=float, default=10.0,
+    parser.add_argument("--handshake-timeout-seconds", type=float, default=10.0,
                         help="the pod's and router's (their default)")
-    parser.add_argument("--send-timeout-s", type=float, default=5.0,
+    parser.add_argument("--send-timeout-seconds", type=float, default=5.0,
                         help="the pod's and router's (their default)")
     parser.add_argument("--attacks", default=",".join(ATTACKS),
                         help="comma-separated, of: " + ", ".join(ATTACKS))
@@ -216,7 +216,7 @@ def half_open(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
             sock = attacks.connect(target.address)
             sock.sendall(b"GET /api/asr-streaming HTTP/1.1\r\nHost: x\r\n")
             socks.append(sock)
-    time.sleep(opts.handshake_timeout_s + 2.0)  # the handshake deadline and some
+    time.sleep(opts.handshake_timeout_seconds + 2.0)  # the handshake deadline and some
     held, statuses = 0, []
     for sock in socks:
         sock.setblocking(False)
@@ -229,7 +229,7 @@ def half_open(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
             statuses.append(None)
         sock.close()
     return {"tried": len(socks), "connections_held": held, "statuses": _counted(statuses),
-            "after_s": opts.handshake_timeout_s + 2.0, "survived": _alive(target)}
+            "after_s": opts.handshake_timeout_seconds + 2.0, "survived": _alive(target)}
 
 
 def _in_threads(count: int, attack: Callable[[], Any]) -> list[Any]:
@@ -523,10 +523,10 @@ def platform_environment(opts: argparse.Namespace) -> Iterator[None]:
     """The pod's and router's deadlines, as the environment their processes inherit
     (restored afterwards)."""
     values = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    for name, value in (("HANDSHAKE_TIMEOUT_SECONDS", opts.handshake_timeout_s),
-                        ("HANDSHAKE_TIMEOUT_S", opts.handshake_timeout_s),
-                        ("SEND_TIMEOUT_SECONDS", opts.send_timeout_s),
-                        ("SEND_TIMEOUT_S", opts.send_timeout_s)):
+    for name, value in (("HANDSHAKE_TIMEOUT_SECONDS", opts.handshake_timeout_seconds),
+                        ("HANDSHAKE_TIMEOUT_S", opts.handshake_timeout_seconds),
+                        ("SEND_TIMEOUT_SECONDS", opts.send_timeout_seconds),
+                        ("SEND_TIMEOUT_S", opts.send_timeout_seconds)):
         values[f"ASRPOOL_{name}"] = str(value)
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

@@ -111,8 +111,8 @@ def _pool_flags(group: argparse._ArgumentGroup) -> None:
                        help="drainGracePeriodSeconds: a drained pod's streams are cut then (60)")
     group.add_argument("--policy", choices=["pack", "spread"], default="pack",
                        help="the router's placement policy (default pack)")
-    group.add_argument("--queue-timeout", type=_at_least_zero, default=0.0, metavar="S",
-                       help="the router's --queue-timeout: wait this long for a slot (0)")
+    group.add_argument("--queue-timeout-seconds", type=_at_least_zero, default=0.0, metavar="S",
+                       help="the router's --queue-timeout-seconds: wait this long for a slot (0)")
 
 
 def _scaling_flags(group: argparse._ArgumentGroup) -> None:

@@ -72,7 +72,7 @@ def plan_of(args: argparse.Namespace, traffic: Traffic) -> simulating.Plan:
     if args.pods is None:
         pool = dataclasses.replace(pool, slots=_starting_slots(pool, traffic))
     return simulating.Plan(
-        pool=pool, policy=args.policy, queue_timeout=args.queue_timeout,
+        pool=pool, policy=args.policy, queue_timeout_seconds=args.queue_timeout_seconds,
         startup_seconds=args.startup_seconds, resync_seconds=args.resync_seconds,
         gpus_per_pod=args.gpus_per_pod)
 

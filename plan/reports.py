@@ -54,7 +54,8 @@ def settings(plan: simulating.Plan) -> dict[str, Any]:
     return {
         "slots_per_pod": plan.pool.slots_per_pod, "gpus_per_pod": plan.gpus_per_pod,
         "pods_at_start": plan.pool.pods, "policy": plan.policy,
-        "queue_timeout": plan.queue_timeout, "startup_seconds": plan.startup_seconds,
+        "queue_timeout_seconds": plan.queue_timeout_seconds,
+        "startup_seconds": plan.startup_seconds,
         "drain_grace_seconds": plan.pool.drain_grace_seconds,
         "autoscaling": {"enabled": scaling.enabled, "min_slots": scaling.min_slots,
                         "max_slots": scaling.max_slots,

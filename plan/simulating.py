@@ -11,7 +11,7 @@ What the simulation takes as the real system does:
 - Admission: the router's waiting room is first come, first served
   (:func:`policies.queue_may_admit`); a waiter is admitted as soon as a slot frees
   (the router polls every 0.1 s, so real waits are up to that much longer) or refused
-  at its ``queue_timeout``; with no timeout a busy pool refuses at once.
+  at its ``queue_timeout_seconds``; with no timeout a busy pool refuses at once.
 - Placement: :func:`policies.choose_pod` (see :mod:`asrpool.plan.fleets`).
 - Scaling: every ``resync_seconds`` the operator's :func:`autoscaling.recommend`,
   :func:`autoscaling.remember` and :func:`autoscaling.decide` set the slots from the
@@ -45,7 +45,7 @@ class Plan:
 
     pool: pools.Pool  # the operator's value: slots, slotsPerPod, autoscaling, drain grace
     policy: policies.Policy = "pack"
-    queue_timeout: float = 0.0
+    queue_timeout_seconds: float = 0.0
     startup_seconds: float = 120.0
     resync_seconds: float = 15.0
     gpus_per_pod: int = 1
@@ -190,9 +190,9 @@ class Simulation:
         counts.arrivals += 1
         if policies.queue_may_admit(len(self.waiting), self.fleet.free):
             self._admit(duration)
-        elif self.plan.queue_timeout > 0:
+        elif self.plan.queue_timeout_seconds > 0:
             counts.queued += 1
-            self.waiting.append((self.now + self.plan.queue_timeout, self.now, duration))
+            self.waiting.append((self.now + self.plan.queue_timeout_seconds, self.now, duration))
         else:
             counts.refused += 1
 

@@ -185,7 +185,7 @@ class Admissions:
 
     async def detach(self, session: Session) -> None:
         await self._detach(
-            args=[session.session_id, session.conn, int(self.config.resume_grace_s * 1000)]
+            args=[session.session_id, session.conn, int(self.config.resume_grace_seconds * 1000)]
         )
 
     async def renew(self, sessions: Iterable[Session]) -> list[bool]:

@@ -2,7 +2,7 @@
 
 Redis admission is conservative but the pod is the final arbiter of its slots: when a
 pod refuses (or cannot be reached), the reservation is released and the next pod the
-policy picks is tried, up to ``pod_attempts`` pods. With ``queue_timeout`` set, a busy
+policy picks is tried, up to ``pod_attempts`` pods. With ``queue_timeout_seconds`` set, a busy
 pool is waited on (first come, first served across routers) until the deadline.
 """
 
@@ -50,20 +50,20 @@ async def place(
     was is given back (its queue ticket, its reservation, its pod link)."""
     config = deps.config
     gone = gone or asyncio.Event()
-    ticket = uuid.uuid4().hex if config.queue_timeout > 0 else ""
-    deadline = time.monotonic() + config.queue_timeout
+    ticket = uuid.uuid4().hex if config.queue_timeout_seconds > 0 else ""
+    deadline = time.monotonic() + config.queue_timeout_seconds
     tried: list[str] = []
     while not gone.is_set():
         got = await deps.admissions.admit(request, tried, ticket)
         if isinstance(got, admissions.Refused):
             if got.reason == "busy" and ticket and time.monotonic() < deadline:
-                await _wait(gone, config.queue_poll_s)
+                await _wait(gone, config.queue_poll_seconds)
                 continue
             if ticket:
                 await deps.admissions.leave_queue(request, ticket, got.reason == "busy")
             return refusal_for(got, request, deps.config)
         # The dial is not cancelled when the client leaves meanwhile (it is bounded by
-        # pod_connect_timeout_s): a link dropped half open would leave the pod holding
+        # pod_connect_timeout_seconds): a link dropped half open would leave the pod holding
         # the slot for a resume; a link closed cleanly frees it at once.
         outcome = await pods.open_stream(got.address, config)
         if gone.is_set():

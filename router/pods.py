@@ -70,7 +70,7 @@ async def open_stream(
             protocol.STREAMING_PATH,
             headers(config, pod_resume_token),
             config.max_message_bytes,
-            config.pod_connect_timeout_s,
+            config.pod_connect_timeout_seconds,
         )
     except (OSError, TimeoutError, ValueError, links.HandshakeFailed) as exc:
         log.warning("pod %s unreachable: %s", address, exc)

@@ -10,12 +10,12 @@ direction follows the frame headers, so that the router still
   must refuse (close 1002), before any of it reaches the pod;
 - sees each side's close frame (the stream's end, settled by the caller) and answers
   the pod's pings itself, never the client (hop-by-hop liveness, as before);
-- pings its client every ``ping_interval_s`` and drops one from which nothing arrived
-  within ``ping_timeout_s`` of a ping, unless the router is holding it back;
+- pings its client every ``ping_interval_seconds`` and drops one from which nothing arrived
+  within ``ping_timeout_seconds`` of a ping, unless the router is holding it back;
 - puts a frame of its own (a ping, a pong, an ``Error``, a close) only at a frame
   boundary of the flow it joins;
 - aborts a client that does not read: its write buffer over the high-water mark for
-  ``send_timeout_s`` ends the stream (``TooSlow``), whatever else it sends.
+  ``send_timeout_seconds`` ends the stream (``TooSlow``), whatever else it sends.
 
 Backpressure is TCP's: when one side's write buffer passes its high-water mark the
 other side's socket stops being read until it drains. Nothing else is buffered.
@@ -61,7 +61,7 @@ class Relay:
         max_bytes: int,
         meters: metrics.Metrics,
         ping: tuple[float, float],
-        send_timeout_s: float,
+        send_timeout_seconds: float,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.client = cast(asyncio.Transport, handover.hand_over(self.shutdown))
@@ -77,7 +77,7 @@ class Relay:
         self.heard = False  # anything from the client since the last ping (a flag: uvloop's
         # clock has millisecond steps, a loopback pong can come within the same one)
         self.timer: asyncio.TimerHandle | None = None
-        self.send_timeout_s = send_timeout_s
+        self.send_timeout_seconds = send_timeout_seconds
         self.stall_timer: asyncio.TimerHandle | None = None
         self.meters = meters.relayed
         self.counted = [0, 0]  # messages up and down already counted
@@ -185,11 +185,11 @@ class Relay:
             self.stall_timer.cancel()
             self.stall_timer = None
         if stalled and not self.ended.done():
-            self.stall_timer = self.loop.call_later(self.send_timeout_s, self._too_slow)
+            self.stall_timer = self.loop.call_later(self.send_timeout_seconds, self._too_slow)
 
     def _too_slow(self) -> None:
         self.stall_timer = None
-        self.end(proxying.TooSlow(self.send_timeout_s))
+        self.end(proxying.TooSlow(self.send_timeout_seconds))
         self.client.abort()  # a close would wait for a buffer that never drains
 
     def finish_client_frame(self) -> None:

@@ -48,8 +48,8 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
         ws_per_message_deflate=False,
         # A client that answers no ping within the timeout and sent nothing else
         # meanwhile is gone; one held back by its pod (not read meanwhile) is not.
-        ws_ping_interval=config.ping_interval_s,
-        ws_ping_timeout=config.ping_timeout_s,
+        ws_ping_interval=config.ping_interval_seconds,
+        ws_ping_timeout=config.ping_timeout_seconds,
         lifespan="on",
         log_level=config.log_level,
         timeout_graceful_shutdown=5,

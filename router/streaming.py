@@ -182,8 +182,8 @@ async def run(
             opened.link,
             deps.config.max_message_bytes,
             deps.meters,
-            (deps.config.ping_interval_s, deps.config.ping_timeout_s),
-            deps.config.send_timeout_s,
+            (deps.config.ping_interval_seconds, deps.config.ping_timeout_seconds),
+            deps.config.send_timeout_seconds,
         )
     except framing.EarlyFrames as exc:
         await _early_frames(ws, session, opened, exc, deps)
@@ -258,7 +258,7 @@ async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) 
         deps.meters.redis_errors.labels("release").inc()
         log.warning("session %s not settled in Redis (its lease will): %s", session.session_id, exc)
     if detach:  # kept (and rebuilt after a Redis restart) until its resume grace ends
-        deps.sessions.hold_detached(session, time.monotonic() + deps.config.resume_grace_s)
+        deps.sessions.hold_detached(session, time.monotonic() + deps.config.resume_grace_seconds)
 
 
 def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) -> None:

@@ -94,7 +94,8 @@ async def _held(
 
 
 async def _post(address: str, body: bytes, deps: wiring.Deps) -> tuple[int, str, str]:
-    timeout = aiohttp.ClientTimeout(total=_POD_SECONDS, connect=deps.config.pod_connect_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=_POD_SECONDS,
+                                    connect=deps.config.pod_connect_timeout_seconds)
     headers = {k: v for k, v in pods.headers(deps.config).items() if k != protocol.RESUMABLE_HEADER}
     url = f"http://{address}{protocol.STREAMING_PATH}"
     async with (

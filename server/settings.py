@@ -85,8 +85,9 @@ class ServerSettings(redis_clients.RedisCredentials):
     def connection_limits(self) -> limits.Limits:
         return limits.Limits(
             max_head_bytes=self.max_head_bytes, max_headers=self.max_headers,
-            max_url_bytes=self.max_url_bytes, handshake_timeout_s=self.handshake_timeout_seconds,
-            max_connections=self.max_connections, send_timeout_s=self.send_timeout_seconds)
+            max_url_bytes=self.max_url_bytes,
+            handshake_timeout_seconds=self.handshake_timeout_seconds,
+            max_connections=self.max_connections, send_timeout_seconds=self.send_timeout_seconds)
 
     @property
     def max_buffer_samples(self) -> int:

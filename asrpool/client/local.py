@@ -41,12 +41,13 @@ class PlatformError(RuntimeError):
 class LocalPlatform:
     def __init__(self, pods: int, slots_per_pod: int, model: str, port: int,
                  policy: str = "pack", drain_grace_seconds: float = 2.0,
-                 queue_timeout: float = 0.0) -> None:
+                 queue_timeout_seconds: float = 0.0) -> None:
         if pods < 1 or slots_per_pod < 1:
             raise PlatformError("--pods and --slots-per-pod must be at least 1")
         self.pods, self.slots_per_pod, self.model = pods, slots_per_pod, model
         self.port, self.policy, self.drain_grace = port, policy, drain_grace_seconds
-        self.queue_timeout = queue_timeout  # the router's waiting room (0: refuse at once)
+        # The router's waiting room (0: refuse at once).
+        self.queue_timeout_seconds = queue_timeout_seconds
         self.workdir = Path(tempfile.mkdtemp(prefix="asrpool-up-"))
         self.redis_url = f"redis://{HOST}:{processes.free_port()}/0"
         self.redis_password = secrets.token_urlsafe(24)
@@ -63,7 +64,7 @@ class LocalPlatform:
             self._start_pod(index)
         self._spawn("router", _asrpool("route", "--redis-url", self.redis_url, "--host", HOST,
                                        "--port", str(self.port), "--policy", self.policy,
-                                       "--queue-timeout", str(self.queue_timeout)))
+                                       "--queue-timeout-seconds", str(self.queue_timeout_seconds)))
         self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "the router")
         self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "the pods")
 

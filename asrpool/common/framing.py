@@ -28,7 +28,7 @@ output unsent (``TCP_NOTSENT_LOWAT``; otherwise its send buffer grows to megabyt
 a client that reads nothing, and takes an hour of results to fill), and the
 transport's high-water mark is as low. A client that does not read thus soon holds
 every send (uvicorn waits for the transport to drain); if that lasts
-``send_timeout_s`` the connection is aborted (a close would wait for the buffer to
+``send_timeout_seconds`` the connection is aborted (a close would wait for the buffer to
 drain, for ever) and :func:`send_timed_out` says so, so that the stream ends as
 ``too_slow`` and frees its slot, resumable or not. Results at real time are about
 1 KB/s, so a client that reads is held only after some 30 s without reading. A ping
@@ -63,7 +63,7 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
 
     heard_at = 0.0  # loop time of the last bytes received from the client
     on_shutdown: Callable[[], None] | None = None  # set once the transport is handed over
-    send_timeout_s: float | None = None  # set by limits.uvicorn_options
+    send_timeout_seconds: float | None = None  # set by limits.uvicorn_options
     stall_timer: asyncio.TimerHandle | None = None
     send_timed_out = False
 
@@ -88,8 +88,8 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self.send_timeout_s is not None and self.stall_timer is None:
-            self.stall_timer = self.loop.call_later(self.send_timeout_s, self._send_late)
+        if self.send_timeout_seconds is not None and self.stall_timer is None:
+            self.stall_timer = self.loop.call_later(self.send_timeout_seconds, self._send_late)
 
     def resume_writing(self) -> None:
         self._unstall()
@@ -108,7 +108,7 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
         self.stall_timer = None
         self.send_timed_out = True
         self.logger.info("%s read nothing for %g s: connection aborted",
-                         peer(self.client), self.send_timeout_s)
+                         peer(self.client), self.send_timeout_seconds)
         self.transport.abort()
 
     def shutdown(self) -> None:

@@ -6,7 +6,7 @@ Pods and routers alike (both build their ``uvicorn.Config`` with
 - The request head (request line and headers) is parsed by h11, not httptools, which
   buffers a head of any size: h11 stops at ``max_head_bytes`` (its
   ``max_incomplete_event_size``) and the client gets HTTP 431.
-- A head that is not complete ``handshake_timeout_s`` after the connection opened (or
+- A head that is not complete ``handshake_timeout_seconds`` after the connection opened (or
   after its first byte, on a kept-alive connection) is HTTP 408 and closed: half-open
   handshakes do not stay.
 - A process holds at most ``max_connections`` connections (HTTP, websocket, relayed):
@@ -16,7 +16,7 @@ Pods and routers alike (both build their ``uvicorn.Config`` with
   431: checked on h11's request event, before the websocket handshake or the app
   (and its query parsing) sees the request.
 - Sends to a websocket client that does not read have a deadline: a connection whose
-  write buffer stays over its high-water mark for ``send_timeout_s`` is aborted
+  write buffer stays over its high-water mark for ``send_timeout_seconds`` is aborted
   (:class:`asrpool.common.framing.WebSocketProtocol`; the router's relay does the same).
 """
 
@@ -46,16 +46,17 @@ class Limits:
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
     max_headers: int = DEFAULT_MAX_HEADERS
     max_url_bytes: int = DEFAULT_MAX_URL_BYTES
-    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     max_connections: int = 2048
-    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT_S
 
 
 def uvicorn_options(limits: Limits) -> dict[str, Any]:
     """Keyword arguments of ``uvicorn.Config`` that apply ``limits``."""
     return {
         "http": _configured(H11Protocol, limits=limits),
-        "ws": _configured(framing.WebSocketProtocol, send_timeout_s=limits.send_timeout_s),
+        "ws": _configured(framing.WebSocketProtocol,
+                          send_timeout_seconds=limits.send_timeout_seconds),
         "h11_max_incomplete_event_size": limits.max_head_bytes,
     }
 
@@ -159,7 +160,8 @@ class H11Protocol(h11_impl.H11Protocol):
         self.transport.close()
 
     def _arm_head_timer(self) -> None:
-        self.head_timer = self.loop.call_later(self.limits.handshake_timeout_s, self._head_late)
+        self.head_timer = self.loop.call_later(self.limits.handshake_timeout_seconds,
+                                               self._head_late)
 
     def _disarm_head_timer(self) -> None:
         if self.head_timer is not None:
@@ -170,4 +172,5 @@ class H11Protocol(h11_impl.H11Protocol):
         self.head_timer = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.refuse(HTTPStatus.REQUEST_TIMEOUT,
-                        f"request head not complete within {self.limits.handshake_timeout_s:g} s")
+                        "request head not complete within"
+                        f" {self.limits.handshake_timeout_seconds:g} s")

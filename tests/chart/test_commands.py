@@ -74,7 +74,7 @@ def test_the_router_reads_its_rendered_command_and_environment(
     values = rendering.chart().merge_values(SCENARIOS[scenario])["router"]
     assert config.policy == values["policy"]
     assert config.default_pool == values["defaultPool"]
-    assert config.resume_grace_s == values["resumeGraceSeconds"]
+    assert config.resume_grace_seconds == values["resumeGraceSeconds"]
     assert (config.queue_max, config.queue_max_per_key) == (values["queueMax"],
                                                             values["queueMaxPerKey"])
     assert config.gpu_hour_price == values.get("gpuHourPrice")  # null drops the key

@@ -61,8 +61,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         "--ping-interval-seconds", str(PING_S), "--ping-timeout-seconds", str(PONG_S),
     )
     router = support.router(
-        redis.url, workdir, "--resume-grace-s", str(GRACE_S),
-        "--ping-interval-s", str(PING_S), "--ping-timeout-s", str(PONG_S),
+        redis.url, workdir, "--resume-grace-seconds", str(GRACE_S),
+        "--ping-interval-seconds", str(PING_S), "--ping-timeout-seconds", str(PONG_S),
     )
     try:
         pod.start()

@@ -79,8 +79,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
                       "--send-timeout-seconds", str(SEND_TIMEOUT_S),
                       "--handshake-timeout-seconds", str(HANDSHAKE_TIMEOUT_S), *limits)
     router = support.router(redis.url, workdir, "--api-keys-file", str(key_file),
-                            "--send-timeout-s", str(SEND_TIMEOUT_S),
-                            "--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S), *limits)
+                            "--send-timeout-seconds", str(SEND_TIMEOUT_S),
+                            "--handshake-timeout-seconds", str(HANDSHAKE_TIMEOUT_S), *limits)
     try:
         pod.start()
         pod.wait_ready()

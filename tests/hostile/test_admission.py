@@ -105,11 +105,12 @@ def router(module_redis: RedisServer, pod: servers.ServerProcess,
     default leaves a released record to its lease, and a dial held by the proxy past
     the 5 s default is dropped half open (the pod then holds the slot for a resume)."""
     proc = support.router(module_redis.url, tmp_path_factory.mktemp("admission-router"),
-                          "--queue-timeout", "60", "--queue-max", "1", "--resume-grace-s", GRACE,
+                          "--queue-timeout-seconds", "60", "--queue-max", "1",
+                          "--resume-grace-seconds", GRACE,
                           "--log-level", "info")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ASRPOOL_REDIS_TIMEOUT_SECONDS", "5")
-        env.setenv("ASRPOOL_POD_CONNECT_TIMEOUT_S", "30")
+        env.setenv("ASRPOOL_POD_CONNECT_TIMEOUT_SECONDS", "30")
         proc.start()
     yield proc
     proc.kill()

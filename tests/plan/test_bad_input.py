@@ -37,7 +37,7 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 @pytest.mark.parametrize(("flag", "value"), [
     ("--slots-per-pod", "0"), ("--slots-per-pod", "-4"), ("--pods", "0"),
     ("--peak-streams", "-1"), ("--rate", "0"), ("--mean-duration", "0"),
-    ("--mean-duration", "-30"), ("--hours", "nan"), ("--queue-timeout", "-1"),
+    ("--mean-duration", "-30"), ("--hours", "nan"), ("--queue-timeout-seconds", "-1"),
     ("--startup-seconds", "-5"), ("--gpus-per-pod", "0"), ("--duration-sigma", "x"),
     ("--drain-grace-seconds", "-1"), ("--min-slots", "-8"), ("--trough", "2"),
 ])

@@ -27,7 +27,7 @@ def test_a_full_pool_refuses_at_once_without_a_queue() -> None:
 
 
 def test_the_waiting_room_admits_first_come_first_served_or_refuses_at_the_timeout() -> None:
-    plan = simulating.Plan(pool(slots_per_pod=1, pods=1), queue_timeout=3.0)
+    plan = simulating.Plan(pool(slots_per_pod=1, pods=1), queue_timeout_seconds=3.0)
     # 0-5 holds the slot; the arrival at 1 waits 4 s (too long), the one at 3 waits 2 s.
     out = replay(plan, [(0.0, 5.0), (1.0, 1.0), (3.0, 1.0)])
     c = out.counts
@@ -85,7 +85,7 @@ def test_a_seed_gives_the_same_day_and_another_seed_another() -> None:
     def day(seed: int) -> dict[str, Any]:
         traffic = scenarios.Traffic(peak_rate=2.0, mean_duration=120.0, duration_sigma=1.0,
                                     hours=3.0, seed=seed)
-        plan = simulating.Plan(pool(slots_per_pod=4, pods=2, minSlots=4), queue_timeout=2.0,
+        plan = simulating.Plan(pool(slots_per_pod=4, pods=2, minSlots=4), queue_timeout_seconds=2.0,
                                startup_seconds=60.0)
         out = simulating.Simulation(plan).run(*traffic.sessions(), traffic.horizon)
         return reports.summary(out, price=1.0)
@@ -98,7 +98,7 @@ def test_every_arrival_is_admitted_refused_or_still_waiting() -> None:
     traffic = scenarios.Traffic(peak_rate=3.0, mean_duration=60.0, duration_sigma=1.5,
                                 hours=2.0, seed=1)
     plan = simulating.Plan(pool(slots_per_pod=4, pods=1, minSlots=4, maxSlots=40),
-                           queue_timeout=5.0, startup_seconds=90.0)
+                           queue_timeout_seconds=5.0, startup_seconds=90.0)
     c = simulating.Simulation(plan).run(*traffic.sessions(), traffic.horizon).counts
     assert c.refused and c.queued and c.admitted  # maxSlots is too low for the peak
     assert c.arrivals == c.admitted + c.refused + c.waiting_at_end
@@ -139,7 +139,7 @@ def test_scale_down_drains_busy_pods_and_cuts_only_past_the_grace() -> None:
 
 
 def test_pods_take_streams_only_once_started() -> None:
-    plan = simulating.Plan(pool(slots_per_pod=1, pods=1, minSlots=1), queue_timeout=60.0,
+    plan = simulating.Plan(pool(slots_per_pod=1, pods=1, minSlots=1), queue_timeout_seconds=60.0,
                            resync_seconds=1.0, startup_seconds=30.0)
     out = replay(plan, [(0.0, 100.0), (0.5, 10.0)])
     # The second stream waits for the pod started at the first pass (t=1) to load.

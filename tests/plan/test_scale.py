@@ -18,7 +18,8 @@ def test_twenty_thousand_streams_for_two_hours(tmp_path: Path,
     code = cli.main([
         "plan", "--peak-streams", "20000", "--trough", "1", "--hours", "2",
         "--mean-duration", "600", "--slots-per-pod", "32", "--autoscale",
-        "--queue-timeout", "5", "--gpu-hour-price", "3", "--json", str(out), "--png", str(png),
+        "--queue-timeout-seconds", "5", "--gpu-hour-price", "3", "--json", str(out),
+        "--png", str(png),
         "--compare", "--policy spread --target-free 0.1"])
     assert code == 0
     printed = capsys.readouterr().out

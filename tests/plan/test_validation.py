@@ -43,7 +43,7 @@ def scenario() -> list[tuple[float, float]]:
 
 def simulated(late: float = 0.0) -> tuple[int, int, int]:
     plan = simulating.Plan(pool(slots_per_pod=SLOTS_PER_POD, pods=PODS), policy="pack",
-                           queue_timeout=QUEUE_TIMEOUT)
+                           queue_timeout_seconds=QUEUE_TIMEOUT)
     c = replay(plan, [(start, duration + late) for start, duration in scenario()]).counts
     return c.admitted, c.queued, c.refused
 
@@ -81,7 +81,7 @@ async def _real_run(url: str) -> list[str]:
 @pytest.mark.timeout(240)
 def test_the_simulator_counts_what_the_real_platform_does() -> None:
     platform = local.LocalPlatform(PODS, SLOTS_PER_POD, "tiny", free_port(), policy="pack",
-                                   queue_timeout=QUEUE_TIMEOUT)
+                                   queue_timeout_seconds=QUEUE_TIMEOUT)
     with platform:
         outcomes = asyncio.run(_real_run(platform.router_url + "/api/asr-streaming"))
     admitted = outcomes.count("at once") + outcomes.count("waited")

@@ -193,7 +193,8 @@ def pod(
 
 def router(redis_url: str, workdir: Path, *extra: str) -> RouterProcess:
     return RouterProcess(
-        redis_url, workdir, "--pod-token", POD_TOKEN, "--resume-grace-s", str(POD_GRACE_S), *extra
+        redis_url, workdir, "--pod-token", POD_TOKEN, "--resume-grace-seconds", str(POD_GRACE_S),
+        *extra
     )
 
 

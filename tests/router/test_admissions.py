@@ -119,7 +119,7 @@ async def test_a_crashed_routers_slots_come_back_after_lease_and_grace(
 ) -> None:
     """As long as the pod may hold them for a resume, then no longer."""
     await support.beat(redis, "a", total=2)
-    crashed = store(redis, redis_server.url, session_lease_ms=300, resume_grace_s=0.3)
+    crashed = store(redis, redis_server.url, session_lease_ms=300, resume_grace_seconds=0.3)
     for _ in range(2):
         got = await crashed.admit(request(key_id="k", limit=2))
         assert isinstance(got, admissions.Session)
@@ -210,7 +210,7 @@ async def test_a_detached_session_holds_its_slot_for_the_grace_period(
     redis: aioredis.Redis, redis_server: RedisServer
 ) -> None:
     await support.beat(redis, "a", total=1)
-    s = store(redis, redis_server.url, resume_grace_s=0.4)
+    s = store(redis, redis_server.url, resume_grace_seconds=0.4)
     held = await s.admit(request())
     assert isinstance(held, admissions.Session)
     await s.attach(held)
@@ -283,7 +283,8 @@ async def test_a_reservation_the_pod_never_accepted_frees_before_an_accepted_one
     a stream the pod accepted counts for the whole hold (the pod keeps it for a resume)."""
     await support.beat(redis, "a", total=2)
     s = store(
-        redis, redis_server.url, session_lease_ms=200, pod_connect_timeout_s=0.1, resume_grace_s=30
+        redis, redis_server.url, session_lease_ms=200, pod_connect_timeout_seconds=0.1,
+        resume_grace_seconds=30
     )
     accepted = await s.admit(request())
     dialling = await s.admit(request())
@@ -304,7 +305,7 @@ async def test_queue_order_holds_however_long_the_wait(
     first, keep their places: the queue and its counter live as long as their waiters
     (they expired 3 s after the last arrival, and the next polls numbered them anew)."""
     await support.beat(redis, "a", total=1)
-    s = store(redis, redis_server.url, session_lease_ms=300, queue_timeout=10)
+    s = store(redis, redis_server.url, session_lease_ms=300, queue_timeout_seconds=10)
     holder = await s.admit(request())
     assert isinstance(holder, admissions.Session)
     waiters = ["first", "second", "third"]
@@ -341,7 +342,7 @@ async def test_a_detached_session_survives_a_redis_restart(redis_server: RedisSe
     resumed, it is no longer that router's to keep."""
     redis = wiring.connect_redis(support.config(redis_server.url))  # the router's own client
     await support.beat(redis, "a", total=2)
-    s = store(redis, redis_server.url, resume_grace_s=30)
+    s = store(redis, redis_server.url, resume_grace_seconds=30)
     req = request(key_id="team")
     held = await s.admit(req)
     assert isinstance(held, admissions.Session)

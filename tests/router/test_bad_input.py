@@ -191,10 +191,10 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     from asrpool.router import cli as router_cli
 
     monkeypatch.setenv("ASRPOOL_POLICY", "spread")
-    monkeypatch.setenv("ASRPOOL_QUEUE_TIMEOUT", "2.5")
+    monkeypatch.setenv("ASRPOOL_QUEUE_TIMEOUT_SECONDS", "2.5")
     args = cli.build_parser().parse_args(["route", "--policy", "pack", "--port", "9999"])
     config = router_cli.settings_from(args)
-    assert (config.policy, config.queue_timeout, config.port) == ("pack", 2.5, 9999)
+    assert (config.policy, config.queue_timeout_seconds, config.port) == ("pack", 2.5, 9999)
     assert cli.main(["route", "--api-keys-file", str(tmp_path / "missing")]) == 2
 
 

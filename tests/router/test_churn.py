@@ -65,7 +65,8 @@ class World:
         for _ in range(3):
             client = aioredis.Redis.from_url(self.url, decode_responses=True)
             self.clients.append(client)
-            config = support.config(self.url, session_lease_ms=LEASE_MS, resume_grace_s=GRACE_S)
+            config = support.config(self.url, session_lease_ms=LEASE_MS,
+                                    resume_grace_seconds=GRACE_S)
             self.routers.append(admissions.Admissions(client, config))
         await self.beat()
 
@@ -196,7 +197,8 @@ class World:
 
     async def revive_router(self, r: int) -> None:
         if self.routers[r] is None:
-            config = support.config(self.url, session_lease_ms=LEASE_MS, resume_grace_s=GRACE_S)
+            config = support.config(self.url, session_lease_ms=LEASE_MS,
+                                    resume_grace_seconds=GRACE_S)
             self.routers[r] = admissions.Admissions(self.clients[r], config)
 
     async def settle(self) -> None:

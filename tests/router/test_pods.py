@@ -282,7 +282,7 @@ async def test_placement_policies(
 
 async def test_bounded_queue_wait_then_admission(redis_server: RedisServer, tmp_path: Path) -> None:
     pod = support.pod(redis_server.url, tmp_path, "single", slots=1)
-    router = support.router(redis_server.url, tmp_path, "--queue-timeout", "20")
+    router = support.router(redis_server.url, tmp_path, "--queue-timeout-seconds", "20")
     with running(pod, router):
         wait_for_pods(router, 1)
         holder = await support.connect(router.ws_url)

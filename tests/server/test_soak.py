@@ -17,7 +17,8 @@ def test_bench_soak_writes_json_and_leaks_nothing(tmp_path: Path) -> None:
         "--header-floods", "2", "--head-mib", "1", "--query-floods", "1",
         "--attacks", "header_flood,query_flood,half_open,tiny_frames,markers,fuzz",
         "--flood-messages", "3000",
-        "--baseline-seconds", "2", "--handshake-timeout-s", "1", "--send-timeout-s", "1",
+        "--baseline-seconds", "2", "--handshake-timeout-seconds", "1",
+        "--send-timeout-seconds", "1",
         "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "soak.json").read_text())
     print(json.dumps({k: v for k, v in result.items() if k != "phases"}))
