@@ -59,6 +59,7 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     actions = await applying.apply_all(context.kube, built)
     deployment = await _deployment(context, pool.namespace, pool.name)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
+    await _publish_members(context, pool, pods)
     problem = (_name_conflict(actions) or _apply_failed(actions)
                or statuses.pod_problem(deployment, pods))
     observed = _observed(body, pool.name, pool.pods, deployment, beats, problem)
@@ -137,6 +138,16 @@ async def _read_beats(context: Context, pool_name: str) -> list[registry.PodHear
         return await usage.read_beats(context.redis, pool_name)
     except (redis.RedisError, OSError):
         return None
+
+
+async def _publish_members(context: Context, pool: pools.Pool,
+                           pods: list[dict[str, Any]]) -> None:
+    """Tell the routers which pods are the pool's (a heartbeat alone is not enough); a
+    Redis that cannot be written keeps the last list, and the next pass tries again."""
+    try:
+        await registry.publish_members(context.redis, pool.registry_name, usage.members(pods))
+    except (redis.RedisError, OSError):
+        return
 
 
 def _replicas(deployment: Mapping[str, Any] | None) -> int | None:

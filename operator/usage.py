@@ -51,6 +51,17 @@ def deletion_costs(
     return {_name(pod): used.get(_name(pod), 0) for pod in pods}
 
 
+def members(pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The pool's real pods for the routers' admission: pod name to pod IP, for every pod
+    that has an IP (a draining one too: admission skips it by its heartbeat)."""
+    found = {}
+    for pod in pods:
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip:
+            found[_name(pod)] = str(ip)
+    return found
+
+
 def cost_changes(pods: Iterable[Mapping[str, Any]], costs: Mapping[str, int]) -> dict[str, int]:
     """The costs that differ from what each pod carries already (patch only those)."""
     return {

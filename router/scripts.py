@@ -119,11 +119,20 @@ end
 
 local pods_key = P .. ':pool:' .. pool .. ':pods'
 redis.call('ZREMRANGEBYSCORE', pods_key, '-inf', now)
+-- a heartbeat alone does not make a pod: once the pool's real pods are listed (by the
+-- operator or the local platform), only a listed pod at its listed IP is admitted to
+local members = P .. ':pool:' .. pool .. ':members'
+local listed = redis.call('EXISTS', members) == 1
+local function real(pod)
+  if not listed then return true end
+  local ip = redis.call('HGET', members, pod.id)
+  return ip ~= false and ip ~= '' and string.match(pod.address, '^(.*):%d+$') == ip
+end
 local best = nil
 local free_total = 0
 for _, pod_id in ipairs(redis.call('ZRANGE', pods_key, 0, -1)) do
   local pod = load(pod_id)
-  if pod and not pod.draining and pod.free > 0 and not exclude[pod.id] then
+  if pod and not pod.draining and pod.free > 0 and not exclude[pod.id] and real(pod) then
     free_total = free_total + pod.free
     if best == nil then
       best = pod

@@ -66,6 +66,7 @@ class LocalPlatform:
                                        "--port", str(self.port), "--policy", self.policy,
                                        "--queue-timeout-seconds", str(self.queue_timeout_seconds)))
         self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "the router")
+        asyncio.run(self._list_pods())
         self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "the pods")
 
     def _start_redis(self) -> None:
@@ -98,6 +99,16 @@ class LocalPlatform:
                                  self.children)
         except processes.StartError as exc:
             raise PlatformError(f"{exc} (logs: {self.workdir})") from exc
+
+    async def _list_pods(self) -> None:
+        """Tell the routers which pods are real (registry.publish_members), as the
+        operator does from the cluster's pod list: a heartbeat alone is not a pod."""
+        client = self.redis_client()
+        try:
+            await registry.publish_members(client, registry.DEFAULT_POOL, {
+                f"pod-{index}": HOST for index in range(self.pods)})
+        finally:
+            await client.aclose()
 
     def redis_client(self) -> aioredis.Redis:
         return aioredis.Redis.from_url(self.redis_url, password=self.redis_password)

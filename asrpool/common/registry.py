@@ -8,6 +8,12 @@ Every server pod heartbeats (at least once a second) into:
   lease deadline in Unix milliseconds, so readers can drop dead pods without ``SCAN``;
 - ``asrpool:pools``: the set of pool names seen.
 
+A heartbeat alone does not make a pod. Whoever knows the pool's real pods (the operator
+from the cluster's pod list, the local platform from its own children) publishes them in
+``asrpool:pool:{pool}:members``, a hash of pod id to IP address; once it exists, routers
+admit only to a pod listed there whose heartbeat's address has that IP, so a process
+that writes a heartbeat (even under a real pod's id) receives no audio.
+
 Readers must treat a pod as alive only while its hash exists and its score in the
 pool set is in the future. Every time in these keys is Redis's own (``TIME``), never a
 pod's clock, so a skewed pod cannot make itself immortal or dead to the routers.
@@ -41,6 +47,25 @@ def pod_key(pod_id: str) -> str:
 
 def pool_pods_key(pool: str) -> str:
     return f"{KEY_PREFIX}:pool:{pool}:pods"
+
+
+def pool_members_key(pool: str) -> str:
+    return f"{KEY_PREFIX}:pool:{pool}:members"
+
+
+# A field no pod id can be (pod names are DNS labels): keeps the hash of a pool whose
+# pods are all gone, so that an empty list still means "no pod", not "not listed".
+MEMBERS_SENTINEL = "*"
+
+
+async def publish_members(redis: aioredis.Redis, pool: str, members: dict[str, str]) -> None:
+    """Replace the pool's list of real pods (pod id to IP address), atomically."""
+    key = pool_members_key(pool)
+    fields: dict[Any, Any] = {MEMBERS_SENTINEL: "", **members}
+    async with redis.pipeline(transaction=True) as tx:
+        tx.delete(key)
+        tx.hset(key, mapping=fields)
+        await tx.execute()
 
 
 def pod_owner_key(pod_id: str) -> str:

@@ -44,3 +44,10 @@ async def test_beats_are_read_from_a_real_redis(redis_server: Any) -> None:
     finally:
         await client.aclose()
     assert [(b.pod_id, b.used_slots) for b in beats] == [("a", 6)]
+
+
+def test_members_are_the_pods_with_an_ip() -> None:
+    pods = [{"metadata": {"name": "a"}, "status": {"podIP": "10.0.0.1"}},
+            {"metadata": {"name": "b"}, "status": {}},  # not yet scheduled
+            {"metadata": {"name": "c", "deletionTimestamp": "t"}, "status": {"podIP": "10.0.0.3"}}]
+    assert usage.members(pods) == {"a": "10.0.0.1", "c": "10.0.0.3"}

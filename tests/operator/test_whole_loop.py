@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
+from asrpool.common import registry
 from asrpool.common.processes import free_port
 from asrpool.operator import kube
 from tests.operator import checks, emulator, kubelet
@@ -91,6 +92,9 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
 
     await eventually(lambda: serving(2, 2), STARTUP)
     await eventually(lambda: checks.assert_equal(answers(router), True), STARTUP)
+    members = redis_server.client().hgetall(registry.pool_members_key(f"{NS}/stt"))
+    assert members == {registry.MEMBERS_SENTINEL: "", **{  # the routers admit to these only
+        name: pod.ip for name, pod in pods.running.items()}}
 
     url = f"ws://{router}/api/asr-streaming?pool=stt"
     async with kyutai_client.paced_stream(url, WAIT, timeout=200) as stream:

@@ -372,3 +372,22 @@ async def _kept(s: admissions.Admissions, detached: list[admissions.Detached]) -
         return await s.keep_detached(detached) == [True]
     except redis_errors.ConnectionError:
         return False
+
+
+async def test_a_heartbeat_alone_does_not_make_a_pod(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """Once the pool's real pods are listed, a pod that only heartbeats (an unlisted id,
+    or a listed id at another address) gets no stream, however free it looks."""
+    await support.beat(redis, "real", total=1)
+    await support.beat(redis, "rogue", total=8, free=1)  # 'pack' would pick it
+    s = store(redis, redis_server.url)
+    await registry.publish_members(redis, "default", {"real": "127.0.0.1"})
+    admitted = await s.admit(request())
+    assert isinstance(admitted, admissions.Session) and admitted.pod_id == "real"
+    assert await s.admit(request()) == admissions.Refused("busy", 0)  # rogue has room
+    await registry.publish_members(redis, "default", {"real": "10.0.0.7", "rogue": "10.0.0.8"})
+    await s.release(admitted)
+    assert await s.admit(request()) == admissions.Refused("busy", 0)  # wrong IPs
+    await registry.publish_members(redis, "default", {})
+    assert await s.admit(request()) == admissions.Refused("busy", 0)  # no pods at all
