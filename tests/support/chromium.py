@@ -21,6 +21,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from asrpool.common import processes
 from asrpool.common.processes import free_port
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -55,18 +56,20 @@ async def open_page(url: str, microphone_wav: Path) -> AsyncIterator[Page]:
     binary = executable()
     assert binary is not None, "chromium is not installed (Debian package 'chromium')"
     port = free_port()
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helpers (renderer, crashpad) outlive its main process for a moment and
+    # keep writing the profile: the whole group is stopped before the profile goes, and
+    # a file one of them still adds meanwhile does not fail the test.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         process = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
              f"--use-file-for-fake-audio-capture={microphone_wav}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             debugger = await asyncio.to_thread(_page_debugger_url, port, url)
             async with connect(debugger, max_size=None) as socket:
                 yield Page(socket)
         finally:
-            process.terminate()
-            process.wait(timeout=10)
+            await asyncio.to_thread(processes.terminate, process, 10.0)
 
 
 def _page_debugger_url(port: int, url: str, timeout: float = 30.0) -> str:
