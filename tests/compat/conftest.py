@@ -68,18 +68,13 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         pod.start()
         pod.wait_ready()
         router.start()
-        support.wait_until(lambda: _pods(router) == 1, 20, "the pod in the router's view")
+        support.wait_until(lambda: support.pods_in_view(router) == 1, 20,
+                           "the pod in the router's view")
         yield Platform(pod, router)
     finally:
         router.kill()
         pod.stop()
         redis.stop()
-
-
-def _pods(router: support.RouterProcess) -> int:
-    status, body = support.http_get(router.url + "/api/pools")
-    pools = json.loads(body)["pools"] if status == 200 else {}
-    return len(pools.get("default", {}).get("pods", []))
 
 
 @pytest.fixture(params=["pod", "router"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -189,6 +190,13 @@ def pod(
     return servers.ServerProcess(
         workdir, batch_size=slots, args=args, port=port, pod_id=pod_id, env={"OMP_NUM_THREADS": "1"}
     )
+
+
+def pods_in_view(router: RouterProcess, pool: str = "default") -> int:
+    """How many of the pool's pods the router's /api/pools shows (0 if it cannot answer)."""
+    status, body = http_get(router.url + "/api/pools")
+    pools = json.loads(body)["pools"] if status == 200 else {}
+    return len(pools.get(pool, {}).get("pods", []))
 
 
 def router(redis_url: str, workdir: Path, *extra: str) -> RouterProcess:
