@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+from typing import NamedTuple
 
 CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 _OPCODES = frozenset({CONT, TEXT, BINARY, CLOSE, PING, PONG})
+_U16, _U64 = struct.Struct("!H"), struct.Struct("!Q")
 
 
 class Fault(enum.Enum):
@@ -32,14 +34,22 @@ class Control:
     payload: bytes  # unmasked
 
 
-@dataclasses.dataclass
-class Scan:
-    """What one read held: bytes to pass on, control frames cut out, a fault."""
+class Scan(NamedTuple):
+    """What one read held: bytes to pass on, control frames cut out, a fault. A tuple,
+    not a dataclass: one is made per read of each relayed stream."""
 
     forward: bytes
-    controls: list[Control]
+    controls: tuple[Control, ...] = ()
     fault: Fault = Fault.NONE
     size: int = 0
+
+
+_make = tuple.__new__
+
+
+def _passed(data: bytes) -> Scan:
+    """The Scan of a read passed whole (NamedTuple's own constructor costs 4x as much)."""
+    return _make(Scan, (data, (), Fault.NONE, 0))
 
 
 def frame(opcode: int, payload: bytes = b"", mask: bytes | None = None) -> bytes:
@@ -76,29 +86,27 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(payload, "big") ^ key).to_bytes(len(payload), "big")
 
 
-def _header(data: bytes, pos: int) -> tuple[int, int, int, int, bytes | None] | None:
-    """(first byte, opcode, header length, payload length, mask) at ``pos``, or None
-    when the header is not whole yet."""
+def header(data: bytes, pos: int = 0) -> tuple[int, int, int, int, int] | None:
+    """(first byte, opcode, header length, payload length, mask bit) of the frame
+    header at ``pos`` (RFC 6455 section 5.2), or None while it is not whole."""
     end = len(data)
     if end - pos < 2:
         return None
     first, second = data[pos], data[pos + 1]
-    size, head = second & 0x7F, 2
+    size, head, masked = second & 0x7F, 2, second & 0x80
     if size == 126:
         if end - pos < 4:
             return None
-        size, head = struct.unpack_from("!H", data, pos + 2)[0], 4
+        size, head = _U16.unpack_from(data, pos + 2)[0], 4
     elif size == 127:
         if end - pos < 10:
             return None
-        size, head = struct.unpack_from("!Q", data, pos + 2)[0], 10
-    mask = None
-    if second & 0x80:
-        if end - pos < head + 4:
-            return None
-        mask = data[pos + head : pos + head + 4]
+        size, head = _U64.unpack_from(data, pos + 2)[0], 10
+    if masked:
         head += 4
-    return first, first & 0x0F, head, size, mask
+        if end - pos < head:
+            return None
+    return first, first & 0x0F, head, size, masked
 
 
 class Scanner:
@@ -122,44 +130,44 @@ class Scanner:
     def feed(self, data: bytes) -> Scan:
         if self.held:
             data, self.held = self.held + data, b""
-        end, pos = len(data), 0
-        if self.skip >= end:  # the common read: the middle of a big payload
-            self.skip -= end
-            return Scan(data, [])
-        pieces: list[bytes] = []
+        end, pos = len(data), self.skip
+        if pos >= end:  # the common read: the middle of a big payload
+            self.skip = pos - end
+            return _passed(data)
+        self.skip = 0
+        pieces: list[bytes] = []  # of the bytes passed, when a control frame is cut out
         controls: list[Control] = []
         start = 0  # of the bytes not yet put into pieces
-        while True:
-            pos += self.skip
-            self.skip = 0
-            if pos >= end:
-                self.skip = pos - end
-                break
-            got = _header(data, pos)
+        while pos < end:
+            got = header(data, pos)
             if got is None:
-                self.held = data[pos:]
                 break
-            first, opcode, head, size, mask = got
-            fault = self._check(first, opcode, size, mask)
+            first, opcode, head, size, masked = got
+            fault = self._check(first, opcode, size, masked) if self.from_client else Fault.NONE
             if fault is not Fault.NONE:
                 pieces.append(data[start:pos])
-                return Scan(b"".join(pieces), controls, fault, self.message + size)
+                return Scan(b"".join(pieces), tuple(controls), fault, self.message + size)
             if opcode >= CLOSE:
                 if end - pos < head + size:
-                    self.held = data[pos:]
-                    break
+                    break  # a control frame is whole before it is looked at
                 if opcode in self.cut:
                     body = data[pos + head : pos + head + size]
+                    mask = data[pos + head - 4 : pos + head] if masked else b""
                     controls.append(Control(opcode, unmask(body, mask) if mask else body))
                     pieces.append(data[start:pos])
                     start = pos + head + size
                 pos += head + size
                 continue
             self._count(first, size)
-            pos += head
-            self.skip = size
-        pieces.append(data[start : end - len(self.held)])
-        return Scan(pieces[0] if len(pieces) == 1 else b"".join(pieces), controls)
+            pos += head + size
+        else:
+            self.skip = pos - end  # the rest of the last frame's payload comes later
+            pos = end
+        self.held = data[pos:]  # a header (or a control frame) not whole yet
+        if not pieces:
+            return _passed(data if pos == end else data[:pos])
+        pieces.append(data[start:pos])
+        return Scan(b"".join(pieces), tuple(controls))
 
     def _count(self, first: int, size: int) -> None:
         fin = bool(first & 0x80)
@@ -167,11 +175,10 @@ class Scanner:
         self.message = 0 if fin else self.message + size
         self.messages += fin
 
-    def _check(self, first: int, opcode: int, size: int, mask: bytes | None) -> Fault:
-        if not self.from_client:
-            return Fault.NONE
+    def _check(self, first: int, opcode: int, size: int, masked: int) -> Fault:
+        """What a server must refuse in a client's frame (the client's direction only)."""
         fin = first & 0x80
-        if first & 0x70 or opcode not in _OPCODES or mask is None:
+        if first & 0x70 or opcode not in _OPCODES or not masked:
             return Fault.PROTOCOL
         if opcode >= CLOSE:
             return Fault.PROTOCOL if not fin or size > 125 else Fault.NONE

@@ -97,7 +97,7 @@ class PodLink(asyncio.Protocol):
         self.response = cast(Response, events[0])
 
     def _read_first_frame(self) -> None:
-        got = frames._header(self.buffer, 0)
+        got = frames.header(self.buffer)
         if got is None or len(self.buffer) < got[2] + got[3]:
             return
         _, opcode, head, size, _ = got
