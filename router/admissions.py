@@ -85,7 +85,8 @@ class Admissions:
         self._admit = redis.register_script(scripts.ADMIT)
         self._leave = redis.register_script(scripts.LEAVE_QUEUE)
         self._attach = redis.register_script(scripts.ATTACH)
-        self._renew = redis.register_script(scripts.RENEW)
+        self._renew_many = redis.register_script(scripts.RENEW_MANY)
+        self._renew_whole = redis.register_script(scripts.RENEW_WHOLE)
         self._release = redis.register_script(scripts.RELEASE)
         self._detach = redis.register_script(scripts.DETACH)
         self._resume = redis.register_script(scripts.RESUME)
@@ -196,11 +197,14 @@ class Admissions:
         return [reply != 2 for reply in replies]
 
     async def _renew_all(self, sessions: list[Session], whole: bool) -> list[Any]:
-        c = self.config
+        hold_ms = self.config.hold_ms
+        if not whole:  # the common case: one call for all of them
+            return list(await self._renew_many(args=scripts.renew_many_argv(hold_ms, [
+                scripts.RenewArgs(s.session_id, s.conn, s.pod_id, s.key_id) for s in sessions])))
         async with self.redis.pipeline(transaction=False) as pipe:
             for s in sessions:
-                args = [s.session_id, s.conn, c.hold_ms, s.pod_id, s.key_id]
-                await self._renew(args=[*args, *s.fields()] if whole else args, client=pipe)
+                args = [s.session_id, s.conn, hold_ms, s.pod_id, s.key_id, *s.fields()]
+                await self._renew_whole(args=args, client=pipe)
             return list(await pipe.execute())
 
     async def keep_detached(self, held: list[Detached]) -> list[bool]:

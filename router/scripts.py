@@ -233,36 +233,65 @@ return 1
 """
 )
 
-# Renew (or, after Redis lost its data, rebuild) one session held by this connection.
-# ARGV: sid, conn, hold_ms, pod, key_id, then field/value pairs of the record.
-# Returns 0: claimed by another connection; 1: renewed; 2: renewed, but the pod's
-# heartbeat has lapsed.
-RENEW = (
-    _PRELUDE
-    + """
-local sid, conn, pod, key_id = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
-local skey = P .. ':session:' .. sid
-local owner = redis.call('HGET', skey, 'conn')
-if owner and owner ~= conn then return 0 end
-if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end  -- released: stay so
-local deadline = now + tonumber(ARGV[3])
-if not owner then  -- Redis lost the record (a restart): write it again
-  if #ARGV == 5 then return 3 end  -- asked without the record: send it whole
-  local fields = {}
-  for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-  redis.call('HSET', skey, 'conn', conn, unpack(fields))
+# Renew one session's lease: 0: claimed by another connection, or released (it stays
+# so); 1: renewed; 2: renewed, but the pod's heartbeat has lapsed; 3: Redis lost the
+# record (a restart) and ``fields`` (its field/value pairs) were not given: ask again
+# with them. ``alive`` caches each pod's heartbeat over one script.
+_RENEW_ONE = """
+local function renew(sid, conn, hold_ms, pod, key_id, fields, alive)
+  local skey = P .. ':session:' .. sid
+  local owner = redis.call('HGET', skey, 'conn')
+  if owner and owner ~= conn then return 0 end
+  if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end
+  if not owner then
+    if not fields then return 3 end
+    redis.call('HSET', skey, 'conn', conn, unpack(fields))
+  end
+  redis.call('PEXPIRE', skey, hold_ms)
+  hold(pod, key_id, now + hold_ms, sid)
+  if alive[pod] == nil then alive[pod] = redis.call('EXISTS', P .. ':pod:' .. pod) == 1 end
+  if not alive[pod] then return 2 end
+  return 1
 end
-redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
-hold(pod, key_id, deadline, sid)
-if redis.call('EXISTS', P .. ':pod:' .. pod) == 0 then return 2 end
-return 1
 """
-)
+
+
+class RenewArgs(NamedTuple):
+    """One session in RENEW_MANY's ARGV (after the hold), in order."""
+
+    sid: str
+    conn: str
+    pod: str
+    key_id: str
+
+
+def renew_many_argv(hold_ms: int, sessions: list[RenewArgs]) -> list[str | int]:
+    return [hold_ms, *(value for s in sessions for value in s)]
+
+
+# Renew many sessions' leases in one call (a router renews all its sessions every
+# third of a lease: one command per session cost the relay's loop more than the
+# relaying). ARGV: hold_ms, then RenewArgs of each session. Returns each one's reply.
+RENEW_MANY = _PRELUDE + _RENEW_ONE + """
+local hold_ms, replies, alive = tonumber(ARGV[1]), {}, {}
+for i = 2, #ARGV, 4 do
+  replies[#replies + 1] = renew(ARGV[i], ARGV[i + 1], hold_ms, ARGV[i + 2], ARGV[i + 3], nil, alive)
+end
+return replies
+"""
+
+# Renew one session and write its record back (after RENEW_MANY answered 3). ARGV:
+# sid, conn, hold_ms, pod, key_id, then the record's field/value pairs.
+RENEW_WHOLE = _PRELUDE + _RENEW_ONE + """
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+return renew(ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], fields, {})
+"""
 
 # End a session for good. ARGV: sid, conn, pod, key_id, hold_ms. A record another
 # connection has claimed (a resume through another router) is left alone. A tombstone
 # (``...:ended``) outlives any lease the session had, so a renewal still in flight
-# cannot write the record back (RENEW rebuilds only what a Redis restart lost).
+# cannot write the record back (RENEW_WHOLE rebuilds only what a Redis restart lost).
 RELEASE = _PRELUDE + """
 local skey = P .. ':session:' .. ARGV[1]
 local owner = redis.call('HGET', skey, 'conn')

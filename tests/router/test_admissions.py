@@ -156,6 +156,38 @@ async def test_renewal_keeps_sessions_and_rebuilds_them_after_redis_restarts(
     await redis.aclose()
 
 
+async def test_one_renewal_call_answers_each_session_for_itself(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """All of a router's sessions are renewed in one script call; each gets its own
+    answer: a live pod's session renewed, a lapsed pod's reported, a released one not
+    brought back, and Redis losing one record asks for that record alone."""
+    await support.beat(redis, "live", total=3)
+    await support.beat(redis, "lapsing", total=1, lease_ms=200)
+    s = store(redis, redis_server.url)
+    held = [await s.admit(request()) for _ in range(4)]
+    assert all(isinstance(h, admissions.Session) for h in held)
+    sessions = [h for h in held if isinstance(h, admissions.Session)]
+    for h in sessions:
+        await s.attach(h)
+    on_lapsing = next(h for h in sessions if h.pod_id == "lapsing")
+    live = [h for h in sessions if h.pod_id == "live"]
+    await s.release(live[0])
+    await redis.delete(keys.session(live[1].session_id))  # as a restart loses it
+    await support.async_wait_until(
+        lambda: _gone(redis, "lapsing"), 5, "the lapsing pod's heartbeat to expire")
+    alive = dict(zip((h.session_id for h in sessions), await s.renew(sessions), strict=True))
+    assert alive[on_lapsing.session_id] is False
+    assert alive[live[2].session_id] is True
+    assert not await redis.exists(keys.session(live[0].session_id))  # released stays so
+    rebuilt = await redis.hgetall(keys.session(live[1].session_id))
+    assert rebuilt["pod"] == "live" and rebuilt["conn"] == live[1].conn
+
+
+async def _gone(redis: aioredis.Redis, pod: str) -> bool:
+    return not await redis.exists(registry.pod_key(pod))
+
+
 async def renewed(s: admissions.Admissions, held: admissions.Session) -> bool:
     """One period of the renewal loop: a stale connection fails once, then reconnects."""
     try:
