@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
-from asrpool.common import auth, redis_clients
+from asrpool.common import auth, heap, redis_clients
 from asrpool.router import admissions, leasing, metrics, settings
 
 
@@ -53,6 +53,7 @@ async def running(deps: Deps) -> AsyncIterator[Deps]:
         ),
         asyncio.create_task(leasing.watch_pools(deps.redis, deps.meters)),
     ]
+    heap.freeze_startup_objects()  # startup is done: see common.heap
     try:
         yield deps
     finally:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
-from asrpool.common import auth, protocol, registry
+from asrpool.common import auth, heap, protocol, registry
 from asrpool.server import (
     engine_loop,
     handles,
@@ -190,6 +190,7 @@ class Pod:
         self.model_id = ready.model_id
         if self.state is State.LOADING:
             self.state = State.READY
+            heap.freeze_startup_objects()  # the model is loaded and warm: see common.heap
         self._heartbeat_wake.set()
         logger.info("ready: model %s, %d slots, streaming state %.1f MiB", ready.model_id,
                     self.sessions.total, ready.state_nbytes / 2**20)
