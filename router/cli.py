@@ -97,11 +97,14 @@ def run(args: argparse.Namespace) -> int:
     import pydantic
 
     from asrpool.common import auth, redis_clients
-    from asrpool.router import serving
+    from asrpool.router import sharedmetrics
 
     try:
         config = settings_from(args)
-        return serving.serve(config)
+        with sharedmetrics.folder_for(config.workers):
+            from asrpool.router import serving  # imports prometheus_client: after the folder
+
+            return serving.serve(config)
     except pydantic.ValidationError as exc:
         print(f"asrpool route: invalid settings:\n{exc}", file=sys.stderr)
         return 2

@@ -1,18 +1,32 @@
-"""Prometheus metrics of one router, in a registry of their own (no global state)."""
+"""Prometheus metrics of one router, in a registry of their own (no global state).
+
+A router of several worker processes (``--workers``) answers ``/metrics`` from whichever
+worker the kernel gave the scrape: each worker then keeps its values in files of one
+shared folder (prometheus_client's multiprocess mode; :mod:`sharedmetrics` makes the
+folder before prometheus_client is imported), and every worker's exposition sums them.
+Gauges say how they combine: streams open add up over the live workers; pool gauges
+and prices, the same in every worker, are the most recent value.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 
 import prometheus_client
+from prometheus_client import multiprocess
+
+from asrpool.router import sharedmetrics
 
 
 class Metrics:
     def __init__(self) -> None:
+        self.shared_dir = os.environ.get(sharedmetrics.ENV)
         self.registry = prometheus_client.CollectorRegistry()
         r = self.registry
         self.sessions_open = prometheus_client.Gauge(
-            "asrpool_router_sessions_open", "Streams this router is proxying now", registry=r
+            "asrpool_router_sessions_open", "Streams this router is proxying now", registry=r,
+            multiprocess_mode="livesum",
         )
         self.admissions = prometheus_client.Counter(
             "asrpool_router_admissions", "Streams admitted", ["pool", "kind"], registry=r
@@ -25,6 +39,7 @@ class Metrics:
             "Free slots per pool, as admission counts them",
             ["pool"],
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.admission_seconds = prometheus_client.Histogram(
             "asrpool_router_admission_seconds",
@@ -46,9 +61,11 @@ class Metrics:
             "asrpool_router_gpu_hour_price_dollars",
             "Configured price of one GPU-hour (NaN: not configured)",
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.gpus_per_pod = prometheus_client.Gauge(
-            "asrpool_router_gpus_per_pod", "Configured GPUs of one server pod", registry=r
+            "asrpool_router_gpus_per_pod", "Configured GPUs of one server pod", registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.gpu_hour_price.set(math.nan)
         self.gpus_per_pod.set(1)
@@ -58,4 +75,17 @@ class Metrics:
         self.gpus_per_pod.set(gpus_per_pod)
 
     def exposition(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)
+        """This router's metrics: of this process, or summed over every worker's files."""
+        if self.shared_dir is None:
+            return prometheus_client.generate_latest(self.registry)
+        merged = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=self.shared_dir)
+        return prometheus_client.generate_latest(merged)
+
+
+def forget_worker(pid: int) -> None:
+    """A worker exited: its live gauges (streams open) stop counting; its counters stay
+    in the sums, which therefore never go down."""
+    shared_dir = os.environ.get(sharedmetrics.ENV)
+    if shared_dir is not None:
+        multiprocess.mark_process_dead(pid, shared_dir)

@@ -21,7 +21,7 @@ import time
 import uvicorn
 
 from asrpool.common import auth, limits
-from asrpool.router import app, settings, wiring
+from asrpool.router import app, metrics, settings, wiring
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class Supervisor:
             except ChildProcessError:
                 break
             index, started = self.children.pop(pid)
+            metrics.forget_worker(pid)
             code = os.waitstatus_to_exitcode(status)
             worst = max(worst, abs(code))
             if self.stopping:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio import client as ws_client
 
 from asrpool.router import frames, keys
@@ -181,6 +183,20 @@ async def test_the_router_answers_the_pods_pings(
     assert frames.Control(frames.PONG, b"ping") in scan.controls
 
 
+async def _routers_of(redis: aioredis.Redis, pod_id: str) -> set[str]:
+    """The router ids (one per worker) that hold the pod's sessions."""
+    sids = await redis.zrange(keys.pod_sessions(pod_id), 0, -1)
+    return {await redis.hget(keys.session(sid), "router") for sid in sids} - {None}
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """Each metric's samples summed over their labels."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        families = text_string_to_metric_families(response.read().decode())
+    return {s.name: sum(x.value for x in f.samples if x.name == s.name)
+            for f in families for s in f.samples}
+
+
 def _children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
@@ -197,12 +213,22 @@ async def test_workers_share_the_port_and_end_with_the_parent(
         assert len(workers) == 2
         pod = await start(redis, "relay-workers", _echo_words)
         streams = [await connect(proc, "relay-workers") for _ in range(6)]
+        while len(await _routers_of(redis, "relay-workers-pod")) < 2:  # the kernel's spread
+            streams.append(await connect(proc, "relay-workers"))
         for ws in streams:
             await ws.send(AUDIO)
             assert msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))["type"] == "Word"
+        # Whichever worker answers a scrape counts the streams of both.
+        for _ in range(6):
+            scraped = await asyncio.to_thread(_scrape, proc.url + "/metrics")
+            assert scraped["asrpool_router_admissions_total"] == len(streams)
+            assert scraped["asrpool_router_sessions_open"] == len(streams)
         for ws in streams:
             await ws.close()
         await slot_freed(redis, "relay-workers-pod")
+        scraped = await asyncio.to_thread(_scrape, proc.url + "/metrics")
+        assert scraped["asrpool_router_sessions_open"] == 0
+        assert scraped["asrpool_router_relayed_messages_total"] >= len(streams)
         del pod
     finally:
         code = await asyncio.to_thread(proc.terminate)
