@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the live page (index.html, live.js, vendor/)
 
 
-def get_deps(connection: requests.HTTPConnection) -> wiring.Deps:
+async def get_deps(connection: requests.HTTPConnection) -> wiring.Deps:
+    """Async, so that FastAPI calls it on the loop: a plain function would be run in its
+    thread pool, a thread hand-off (and GIL contention) for every request and stream."""
     deps: wiring.Deps = connection.app.state.deps
     return deps
 
