@@ -3,12 +3,14 @@
     asrpool bench router --baseline nginx --streams 100,500 --seconds 20
 
 One backend (``bench.wsload``: ``Ready``, then a 40-byte answer to each 9.6 KB
-message), three ways to reach it: directly, through nginx (one worker, the usual
-websocket ``proxy_pass``) and through the router (admitted in a fresh Redis where the
-backend is a pod's heartbeat). For each stream count the three phases alternate; each
-stream sends a message every 80 ms and times each reply. Written: the added p50/p99
-latency of each proxy over direct, each proxy's CPU (its processes in /proc) per
-client message relayed (with its reply), and the router-to-nginx ratios, to
+message), four ways to reach it: directly, through nginx (one worker, the usual
+websocket ``proxy_pass``), through the router (admitted in a fresh Redis where the
+backend is a pod's heartbeat) and through the floor relay (``bench.floor_relay``: reads
+written to the other side as they are, on uvloop: the least a Python relay costs).
+For each stream count the four phases alternate; each stream sends a message every
+80 ms and times each reply. Written: the added p50/p99 latency of each proxy over
+direct, each proxy's CPU (its processes in /proc) per client message relayed (with its
+reply), and the router's ratios to nginx and to the floor relay, to
 ``bench/results/router-vs-nginx.json`` (and a PNG when matplotlib is importable).
 nginx is installed with apt-get when missing.
 """
@@ -60,6 +62,10 @@ http {{
   }}
 }}
 """
+
+
+PROXIES = ("nginx", "router", "floor")
+MODES = ("direct", *PROXIES)
 
 
 class BenchError(RuntimeError):
@@ -116,7 +122,8 @@ class Stack:
     def __init__(self, workdir: Path, router_args: list[str]) -> None:
         self.workdir, self.router_args = workdir, router_args
         self.children: list[subprocess.Popen[bytes]] = []
-        self.ports = {name: processes.free_port() for name in ("backend", "nginx", "router")}
+        self.ports = {name: processes.free_port()
+                      for name in ("backend", "nginx", "router", "floor")}
 
     def __enter__(self) -> Stack:
         try:
@@ -141,6 +148,8 @@ class Stack:
                              self.redis_url, "--host", "127.0.0.1", "--port",
                              str(self.ports["router"]), "--log-level", "warning",
                              "--workers", "1", *self.router_args])
+        self._run("floor", [sys.executable, "-m", "asrpool.bench.floor_relay",
+                            str(self.ports["floor"]), str(self.ports["backend"])])
 
     def _run(self, name: str, argv: list[str]) -> None:
         log = self.workdir / f"{name}.log"
@@ -186,8 +195,8 @@ def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]
 
 
 def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, Any]:
-    phases: dict[str, list[dict[str, Any]]] = {"direct": [], "nginx": [], "router": []}
-    orders = (("direct", "nginx", "router"), ("router", "nginx", "direct"))
+    phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    orders = (MODES, tuple(reversed(MODES)))
     for r in range(rounds):
         for mode in orders[r % 2]:
             phases[mode].append(phase(stack, mode, count, seconds))
@@ -200,17 +209,18 @@ def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, 
         return sum(values) / len(values)
 
     out: dict[str, Any] = {"streams": count, "seconds": seconds, "phases": phases}
-    for proxy in ("nginx", "router"):
+    for proxy in PROXIES:
         out[proxy] = {
             "added_p50_ms": mean(proxy, "p50_ms") - mean("direct", "p50_ms"),
             "added_p99_ms": mean(proxy, "p99_ms") - mean("direct", "p99_ms"),
             "cpu_per_message_ms": mean(proxy, "cpu_per_message_ms"),
             "cpu_cores": mean(proxy, "cpu_cores"),
         }
-    out["router_over_nginx"] = {
-        field: _ratio(out["router"][field], out["nginx"][field])
-        for field in ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms")
-    }
+    for anchor in ("nginx", "floor"):
+        out[f"router_over_{anchor}"] = {
+            field: _ratio(out["router"][field], out[anchor][field])
+            for field in ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms")
+        }
     return out
 
 
@@ -229,9 +239,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = result["runs"]
     fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.5))
     for ax, field in zip(axes, ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms"), strict=True):
-        for offset, proxy in ((-0.2, "nginx"), (0.2, "router")):
+        for offset, proxy in zip((-0.27, 0.0, 0.27), PROXIES, strict=True):
             ax.bar([i + offset for i in range(len(rows))], [r[proxy][field] for r in rows],
-                   0.4, label=proxy)
+                   0.27, label=proxy)
         ax.set_xticks(range(len(rows)), [f"{r['streams']} streams" for r in rows])
         ax.set_title(field)
     axes[0].legend()
@@ -261,8 +271,8 @@ def main(opts: argparse.Namespace) -> int:
     except BenchError as exc:
         print(f"asrpool bench router: {exc}", file=sys.stderr)
         return 1
-    summary = [{"streams": r["streams"], "nginx": r["nginx"], "router": r["router"],
-                "router_over_nginx": r["router_over_nginx"]} for r in result["runs"]]
+    summary = [{key: r[key] for key in ("streams", *PROXIES, "router_over_nginx",
+                                        "router_over_floor")} for r in result["runs"]]
     print(json.dumps(summary, indent=2))
     plot(result, path.with_suffix(".png"))
     print(f"wrote {path}")
