@@ -59,14 +59,21 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     return uv_config
 
 
+def checked(config: settings.RouterSettings) -> settings.RouterSettings:
+    """The settings, once their files are read: a bad key or password file fails here,
+    before any fork (``auth.KeyFileError``, ``redis_clients.RedisPasswordError``)."""
+    if config.api_keys_file is not None:
+        auth.load_keys(config.api_keys_file)
+    config.redis_password_value()
+    return config
+
+
 def serve(config: settings.RouterSettings) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if config.workers == 1:
         return _run(config, None)
-    if config.api_keys_file is not None:
-        auth.load_keys(config.api_keys_file)  # a bad file fails here, before any fork
     shared = _bind(config, reuse_port=False) if config.port == 0 else None
     return Supervisor(config, shared).run()
 
