@@ -4,7 +4,8 @@ Handlers are thin: take the per-pool lock, run one reconcile pass, turn its resu
 a status patch, events and kopf errors. A change to the spec (``kubectl apply``,
 ``kubectl scale``, an HPA, the built-in autoscaler) goes through the change handlers;
 a timer repairs drift (a child deleted or edited by hand), refreshes the status and
-autoscales.
+autoscales. Between passes, the server pods' events keep each pool's member list (what
+routers admit to) current (asrpool.operator.membership).
 """
 
 from __future__ import annotations
