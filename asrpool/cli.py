@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import typing
 from collections.abc import Callable, Sequence
+
+from asrpool.common import settings_cli
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -29,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asrpool", description="Serve streaming speech recognition at scale."
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # A command's settings flags are added when it parses (asrpool.common.settings_cli);
+    # registrars see plain argparse parsers (a CommandParser is one).
+    subparsers = typing.cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                              parser_class=settings_cli.CommandParser))
     for register in _registrars():
         register(subparsers)
     return parser

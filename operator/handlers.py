@@ -4,7 +4,8 @@ Handlers are thin: take the per-pool lock, run one reconcile pass, turn its resu
 a status patch, events and kopf errors. A change to the spec (``kubectl apply``,
 ``kubectl scale``, an HPA, the built-in autoscaler) goes through the change handlers;
 a timer repairs drift (a child deleted or edited by hand), refreshes the status and
-autoscales.
+autoscales. Between passes, the server pods' events keep each pool's member list (what
+routers admit to) current (asrpool.operator.membership).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from asrpool.operator import (
     applying,
     autoscaling,
     kube,
+    membership,
     naming,
     reconciling,
     scaling,
@@ -37,6 +39,7 @@ def build_registry(config: settings.OperatorSettings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     _register_lifecycle(registry, config)
     _register_pools(registry, config)
+    _register_pods(registry)
     return registry
 
 
@@ -90,6 +93,27 @@ def _register_pools(registry: kopf.OperatorRegistry, config: settings.OperatorSe
         result = await _pass(memo, body)
         _report(body, patch, result)
         await _autoscale(body, memo, patch, result)
+
+
+def _register_pods(registry: kopf.OperatorRegistry) -> None:
+    """A pool's member list follows its pods between passes (asrpool.operator.membership)."""
+
+    @kopf.index("v1", "pods", id=membership.INDEX, labels=membership.SERVER_PODS,
+                registry=registry)
+    def server_pod_ips(namespace: str | None, name: str, labels: kopf.Labels,
+                       status: kopf.Status, **_: Any,
+                       ) -> dict[membership.PoolKey, tuple[str, str]]:
+        return membership.index_entry(namespace or "", name, labels, status)
+
+    @kopf.on.event("v1", "pods", id="server_pod_changed", labels=membership.SERVER_PODS,
+                   registry=registry)
+    async def server_pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo,
+                                 **kwargs: Any) -> None:
+        context: reconciling.Context = memo.context
+        index: kopf.Index[membership.PoolKey, Any] = kwargs[membership.INDEX]  # by its id
+        key = (namespace or "", labels[naming.POOL_LABEL])
+        await context.published.publish(context.redis, membership.registry_name(key),
+                                        lambda: membership.pool_members(index, key))
 
 
 async def _pass(memo: kopf.Memo, body: kopf.Body) -> reconciling.Result:

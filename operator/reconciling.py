@@ -16,7 +16,17 @@ import redis
 import redis.asyncio as aioredis
 
 from asrpool.common import registry
-from asrpool.operator import applying, children, kube, naming, pools, settings, statuses, usage
+from asrpool.operator import (
+    applying,
+    children,
+    kube,
+    membership,
+    naming,
+    pools,
+    settings,
+    statuses,
+    usage,
+)
 
 REDIS_RETRY_SECONDS = 5
 
@@ -28,6 +38,7 @@ class Context:
     config: settings.OperatorSettings
     kube: kube.Kube
     redis: aioredis.Redis
+    published: membership.Published = dataclasses.field(default_factory=membership.Published)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +153,10 @@ async def _read_beats(context: Context, pool_name: str) -> list[registry.PodHear
 
 async def _publish_members(context: Context, pool: pools.Pool,
                            pods: list[dict[str, Any]]) -> None:
-    """Tell the routers which pods are the pool's (a heartbeat alone is not enough); a
-    Redis that cannot be written keeps the last list, and the next pass tries again."""
-    try:
-        await registry.publish_members(context.redis, pool.registry_name, usage.members(pods))
-    except (redis.RedisError, OSError):
-        return
+    """Tell the routers which pods are the pool's (a heartbeat alone is not enough), at
+    every pass; between passes, membership republishes on each pod's change."""
+    await context.published.publish(context.redis, pool.registry_name,
+                                    lambda: usage.members(pods), always=True)
 
 
 def _replicas(deployment: Mapping[str, Any] | None) -> int | None:

@@ -1,4 +1,7 @@
-"""The operator's settings: flags of ``asrpool operator`` or ``ASRPOOL_*`` environment variables."""
+"""The operator's settings: flags of ``asrpool operator`` or ``ASRPOOL_*`` environment variables.
+
+Each field's ``description`` is its ``--help`` (asrpool.common.settings_cli).
+"""
 
 from __future__ import annotations
 
@@ -22,50 +25,73 @@ DEFAULT_ROUTER_PEER: dict[str, Any] = {
 class OperatorSettings(redis_clients.RedisCredentials):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
-    # Where the operator watches: the listed namespaces, or every namespace.
+    # Where the operator watches: the listed namespaces, or every namespace (both are
+    # the command's own flags: -n/--namespace, repeatable, and -A/--all-namespaces).
     namespaces: Annotated[list[str], pydantic_settings.NoDecode] = pydantic.Field(
-        default_factory=list)
-    all_namespaces: bool = False
+        default_factory=list, description="watch this namespace (repeatable; the variable:"
+        " a,b)")
+    all_namespaces: bool = pydantic.Field(default=False, description="watch every namespace")
 
     # Redis as the operator reads it (live slot use) and as server pods reach it.
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    pod_redis_url: str | None = None
+    redis_url: str = pydantic.Field(
+        default="redis://127.0.0.1:6379/0", description="Redis the pods heartbeat to")
+    pod_redis_url: str | None = pydantic.Field(
+        default=None, description="Redis URL as the server pods reach it, if not --redis-url"
+        " (no password in it)")
     # The Secret (in each pool's namespace) whose key holds the Redis password: server
     # pods get it as ASRPOOL_REDIS_PASSWORD by reference, never as a literal.
-    redis_password_secret: str | None = None
-    redis_password_secret_key: str = "password"
+    redis_password_secret: str | None = pydantic.Field(
+        default=None, description="Secret in each pool's namespace holding the Redis password"
+        " for the server pods (they get it by reference)")
+    redis_password_secret_key: str = pydantic.Field(
+        default="password", description="key of the password in that Secret")
     # Each Redis call waits at most this long: a Redis that stops answering never holds
     # a pool's pass (and its lock) for longer.
-    redis_timeout_seconds: float = pydantic.Field(default=2.0, gt=0)
+    redis_timeout_seconds: float = pydantic.Field(
+        default=2.0, gt=0, description="longest wait for one Redis call")
 
-    default_image: str = DEFAULT_IMAGE
-    # Seconds between two passes over each pool: drift repair, status, autoscaling.
-    resync_seconds: float = pydantic.Field(default=15.0, gt=0)
-    # Extra seconds of termination grace beyond a pool's drain grace period.
-    termination_margin_seconds: int = pydantic.Field(default=15, ge=0)
+    default_image: str = pydantic.Field(
+        default=DEFAULT_IMAGE, description="server image for pools that name none")
+    resync_seconds: float = pydantic.Field(
+        default=15.0, gt=0, description="seconds between passes over each pool (drift, status,"
+        " autoscaling)")
+    termination_margin_seconds: int = pydantic.Field(
+        default=15, ge=0, description="termination grace beyond a pool's drain grace period")
 
-    # The Kubernetes API: empty means in-cluster, then kubeconfig; a URL means a plain
-    # HTTP endpoint such as `kubectl proxy` (no credentials are sent).
-    kube_api_url: str | None = None
-    liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8081/healthz
+    kube_api_url: str | None = pydantic.Field(
+        default=None, description="plain HTTP API endpoint such as `kubectl proxy`, no"
+        " credentials sent (default: in-cluster credentials, then kubeconfig)")
+    # The command's own flag: --liveness URL.
+    liveness_endpoint: str | None = pydantic.Field(
+        default=None, description="serve kopf's liveness probe, e.g."
+        " http://0.0.0.0:8081/healthz")
     # A NetworkPolicy per pool: its server pods take connections on the server port
-    # only from these peers (NetworkPolicy "from" entries; metrics share that port, so
-    # add the Prometheus pods here). Default: router pods of any namespace.
-    network_policy: bool = True
+    # only from these peers (metrics share that port, so add the Prometheus pods here).
+    network_policy: bool = pydantic.Field(
+        default=True, description="make a NetworkPolicy per pool")
+    # The command's own flag (JSON): --network-policy-from.
     network_policy_from: list[dict[str, Any]] = pydantic.Field(
-        default_factory=lambda: [dict(DEFAULT_ROUTER_PEER)])
+        default_factory=lambda: [dict(DEFAULT_ROUTER_PEER)],
+        description="the peers its server port admits, as NetworkPolicy 'from' entries in"
+        " JSON (default: router pods of any namespace)")
     # The pod token of pools that name none (spec.auth.podTokenSecret): a Secret of this
     # name in the pool's namespace. Empty: such pools' pods take any client.
-    default_pod_token_secret: str = ""
-    default_pod_token_key: str = "token"
+    default_pod_token_secret: str = pydantic.Field(
+        default="", description="Secret with the router-to-pod token for pools that name none"
+        " (in each pool's namespace; empty: none)")
+    default_pod_token_key: str = pydantic.Field(default="token", description="its key")
     # Several replicas: the name of the kopf peering object (a KopfPeering in each
     # watched namespace, a ClusterKopfPeering with all_namespaces). The replica of the
     # highest priority acts and the others wait; none (the default) runs standalone.
-    peering: str | None = None
-    # This replica's priority among its peers; none draws a random one at start, so no
-    # two replicas tie (kopf freezes every replica of a tie).
-    priority: int | None = pydantic.Field(default=None, ge=0)
-    log_level: str = "info"
+    peering: str | None = pydantic.Field(
+        default=None, description="run as one of several replicas through the kopf peering"
+        " object of this name: only the one of highest priority acts (default: standalone)")
+    # None draws a random one at start, so no two replicas tie (kopf freezes every
+    # replica of a tie).
+    priority: int | None = pydantic.Field(
+        default=None, ge=0, description="this replica's peering priority (default: a random"
+        " one)")
+    log_level: str = pydantic.Field(default="info", description="debug, info, warning, error")
 
     @pydantic.field_validator("namespaces", mode="before")
     @classmethod

@@ -65,8 +65,6 @@ def serve(config: settings.RouterSettings) -> int:
     )
     if config.workers == 1:
         return _run(config, None)
-    if config.api_keys_file is not None:
-        auth.load_keys(config.api_keys_file)  # a bad file fails here, before any fork
     shared = _bind(config, reuse_port=False) if config.port == 0 else None
     return Supervisor(config, shared).run()
 

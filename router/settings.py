@@ -1,4 +1,7 @@
-"""The router's settings: flags of ``asrpool route`` or ``ASRPOOL_*`` environment variables."""
+"""The router's settings: flags of ``asrpool route`` or ``ASRPOOL_*`` environment variables.
+
+Each field's ``description`` is its ``--help`` (asrpool.common.settings_cli).
+"""
 
 from __future__ import annotations
 
@@ -21,72 +24,89 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class RouterSettings(redis_clients.RedisCredentials):
+class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    host: str = "0.0.0.0"
-    port: int = pydantic.Field(default=8080, ge=0, le=65535)
-    policy: policies.Policy = "pack"
-    api_keys_file: Path | None = None
-    queue_timeout_seconds: float = pydantic.Field(default=0.0, ge=0.0, le=300.0)
+    redis_url: str = pydantic.Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis of the slot registry (redis://host:port/db, no password in it)")
+    host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
+    port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
+    policy: policies.Policy = pydantic.Field(
+        default="pack", description="pack: busiest pod with room; spread: emptiest pod")
+    api_keys_file: Path | None = pydantic.Field(
+        default=None, description="YAML/JSON file of hashed API keys (none: no auth)")
+    queue_timeout_seconds: float = pydantic.Field(
+        default=0.0, ge=0.0, le=300.0,
+        description="seconds to wait for a free slot (0: refuse at once)")
     # The wait queue (with queue_timeout_seconds > 0) of each pool holds this many waiters at
     # most, and this many of one API key (0: any number); a client beyond is refused
     # at once (queue_full, key_queue_full) rather than queued.
-    queue_max: int = pydantic.Field(default=1000, ge=1)
-    queue_max_per_key: int = pydantic.Field(default=100, ge=0)
-    pod_token: str | None = None
-    default_pool: str = registry.DEFAULT_POOL
+    queue_max: int = pydantic.Field(
+        default=1000, ge=1, description="waiters one pool's queue holds at most")
+    queue_max_per_key: int = pydantic.Field(
+        default=100, ge=0, description="waiters of one API key in a pool's queue at most (0: any)")
+    pod_token: str | None = pydantic.Field(
+        default=None, description="shared secret sent to pods in the asrpool-pod-token header")
+    default_pool: str = pydantic.Field(
+        default=registry.DEFAULT_POOL, description="pool for clients that name none")
     # Bare pool names mean this namespace's pools (router.poolnames); none: as written.
-    pool_namespace: str | None = None
-    router_id: str = pydantic.Field(default_factory=_router_id)
+    pool_namespace: str | None = pydantic.Field(
+        default=None, description="namespace of pools named without one (NAME ="
+        " NAMESPACE/NAME; none: as written)")
+    router_id: str = pydantic.Field(
+        default_factory=_router_id,
+        description="this replica's name in session records (default: host-pid)")
     # Router processes on one port (SO_REUSEPORT), sharing nothing but Redis; each
     # worker's router id is router_id-wN.
-    workers: int = pydantic.Field(default_factory=_cpus, ge=1, le=256)
+    workers: int = pydantic.Field(
+        default_factory=_cpus, ge=1, le=256,
+        description="router processes on the port, sharing only Redis (default: the CPUs)")
 
     # Leases: a router renews its sessions every session_lease_ms/3. A session counts
     # on its pod until session_lease_ms + resume_grace_seconds after its last renewal: a
     # crashed router's client may resume that long, and its pod holds the slot as long
     # (keep resume_grace_seconds at least the pods' --resume-grace-seconds).
-    session_lease_ms: int = pydantic.Field(default=3000, ge=100)
-    resume_grace_seconds: float = pydantic.Field(default=30.0, gt=0)
+    session_lease_ms: int = pydantic.Field(
+        default=3000, ge=100, description="lease of a session record, renewed every third")
+    resume_grace_seconds: float = pydantic.Field(
+        default=30.0, gt=0,
+        description="how long a dropped client may resume (at least the pods')")
     # A pod's heartbeat missing this long ends its sessions (a pod that vanished
     # without closing its sockets); longer than the pods' lease (3 s) plus the time a
     # restarted Redis takes to be refilled by heartbeats.
-    pod_gone_after_ms: int = pydantic.Field(default=5000, ge=0)
-    queue_poll_seconds: float = pydantic.Field(default=0.1, gt=0)
+    pod_gone_after_ms: int = pydantic.Field(
+        default=5000, ge=0,
+        description="a pod whose heartbeat is missing this long loses its sessions")
+    queue_poll_seconds: float = pydantic.Field(
+        default=0.1, gt=0, description="how often a waiting client's admission is retried")
 
-    pod_connect_timeout_seconds: float = pydantic.Field(default=5.0, gt=0)
-    pod_attempts: int = pydantic.Field(default=3, ge=1)
+    pod_connect_timeout_seconds: float = pydantic.Field(
+        default=5.0, gt=0, description="longest wait to connect to a pod")
+    pod_attempts: int = pydantic.Field(
+        default=3, ge=1, description="pods tried for one stream before it is refused")
     # As moshi-server: frames up to 16 MiB; a client answering no ping (every 10 s)
     # within 10 s is gone (20 s without any frame).
-    max_message_bytes: int = pydantic.Field(default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
-    max_upload_bytes: int = pydantic.Field(default=64 << 20, ge=1024)  # POST bodies
-    ping_interval_seconds: float = pydantic.Field(default=10.0, gt=0)
-    ping_timeout_seconds: float = pydantic.Field(default=10.0, gt=0)
-    redis_timeout_seconds: float = pydantic.Field(default=0.5, gt=0)
-    # What a connection may cost (asrpool.common.limits): a client whose unsent bytes
-    # stay over the relay's high-water mark this long is dropped and its session released.
-    send_timeout_seconds: float = pydantic.Field(default=limits.DEFAULT_SEND_TIMEOUT_S, gt=0)
-    max_head_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_HEAD_BYTES, ge=1024)
-    max_headers: int = pydantic.Field(default=limits.DEFAULT_MAX_HEADERS, ge=8)
-    max_url_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_URL_BYTES, ge=256)
-    handshake_timeout_seconds: float = pydantic.Field(
-        default=limits.DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
-    max_connections: int = pydantic.Field(default=16384, ge=2)  # per worker process
+    max_message_bytes: int = pydantic.Field(
+        default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="largest client frame")
+    max_upload_bytes: int = pydantic.Field(
+        default=64 << 20, ge=1024, description="largest POST /api/asr-streaming body")
+    ping_interval_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="websocket ping period towards clients")
+    ping_timeout_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="drop a client not answering a ping within this")
+    redis_timeout_seconds: float = pydantic.Field(
+        default=0.5, gt=0, description="longest wait for one Redis call")
+    # What a connection may cost: limits.LimitSettings (the relay applies the send
+    # deadline too, and releases the session).
+    max_connections: limits.MaxConnections = 16384
     # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
     # no cost shown) and GPUs per server pod (the pools' resources.gpus).
-    gpu_hour_price: float | None = pydantic.Field(default=None, ge=0)
-    gpus_per_pod: float = pydantic.Field(default=1.0, ge=0)
-    log_level: str = "info"
-
-    @property
-    def connection_limits(self) -> limits.Limits:
-        return limits.Limits(
-            max_head_bytes=self.max_head_bytes, max_headers=self.max_headers,
-            max_url_bytes=self.max_url_bytes,
-            handshake_timeout_seconds=self.handshake_timeout_seconds,
-            max_connections=self.max_connections, send_timeout_seconds=self.send_timeout_seconds)
+    gpu_hour_price: float | None = pydantic.Field(
+        default=None, ge=0, description="dollars per GPU-hour: /api/pools and /metrics show"
+        " the cost")
+    gpus_per_pod: float = pydantic.Field(default=1.0, ge=0, description="GPUs of one server pod")
+    log_level: str = pydantic.Field(default="info", description="uvicorn log level")
 
     @property
     def pending_ms(self) -> int:

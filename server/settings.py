@@ -1,9 +1,13 @@
-"""The server pod's settings: flags of ``asrpool serve`` or ``ASRPOOL_*`` environment variables."""
+"""The server pod's settings: flags of ``asrpool serve`` or ``ASRPOOL_*`` environment variables.
+
+Each field's ``description`` is its ``--help`` (asrpool.common.settings_cli).
+"""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 import pydantic_settings
@@ -11,67 +15,96 @@ import pydantic_settings
 from asrpool.common import limits, protocol, redis_clients, registry
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
-class ServerSettings(redis_clients.RedisCredentials):
+class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     # The model and its engine.
-    model: str = "tiny"
-    model_revision: str | None = None  # a Hugging Face revision (branch, tag or commit)
-    batch_size: int = pydantic.Field(default=8, ge=1, le=4096)
-    context: int | None = pydantic.Field(default=None, ge=1)
-    device: str = "cpu"
+    model: str = pydantic.Field(
+        default="tiny", description="tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>")
+    model_revision: str | None = pydantic.Field(
+        default=None, description="Hugging Face revision of --model (branch, tag or commit)")
+    batch_size: int = pydantic.Field(
+        default=8, ge=1, le=4096, description="stream slots (rows of the batched engine)")
+    context: int | None = pydantic.Field(
+        default=None, ge=1, description="rolling KV cache length in steps (default: the model's)")
+    device: str = pydantic.Field(default="cpu", description="torch device (cpu, cuda, cuda:1)")
     # "auto" is the one dtype policy (models.default_dtype): bfloat16 on CUDA, else float32.
-    dtype: str = pydantic.Field(default="auto", pattern="^(auto|float32|bfloat16|float16)$")
-    torch_threads: int | None = pydantic.Field(default=None, ge=1)  # CPU intra-op threads
+    dtype: Dtype = pydantic.Field(
+        default="auto", description="auto is bfloat16 on CUDA, float32 elsewhere")
+    torch_threads: int | None = pydantic.Field(
+        default=None, ge=1, description="CPU intra-op threads for torch (default: torch's)")
 
     # Where it listens and how the platform finds it.
-    host: str = "0.0.0.0"
-    port: int = pydantic.Field(default=8080, ge=0, le=65535)
-    redis_url: str | None = None  # no password in it: ASRPOOL_REDIS_PASSWORD(_FILE)
-    redis_timeout_seconds: float = pydantic.Field(default=0.5, gt=0)
-    pool: str = registry.DEFAULT_POOL
-    pod_id: str = pydantic.Field(default_factory=socket.gethostname)
-    advertise_address: str | None = None
-    heartbeat_interval_seconds: float = pydantic.Field(default=0.5, gt=0)
-    heartbeat_lease_ms: int = pydantic.Field(default=registry.DEFAULT_LEASE_MS, ge=100)
+    host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
+    port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
+    redis_url: str | None = pydantic.Field(
+        default=None, description="heartbeat into this Redis, the slot registry (no password in"
+        " it: ASRPOOL_REDIS_PASSWORD or --redis-password-file)")
+    redis_timeout_seconds: float = pydantic.Field(
+        default=0.5, gt=0, description="longest wait for one Redis call")
+    pool: str = pydantic.Field(
+        default=registry.DEFAULT_POOL, description="pool name (the operator sets NAMESPACE/NAME)")
+    pod_id: str = pydantic.Field(
+        default_factory=socket.gethostname,
+        description="pod id in the registry (default: the hostname)")
+    advertise_address: str | None = pydantic.Field(
+        default=None, description="host:port routers dial (default: host:port, the hostname if"
+        " host is a wildcard)")
+    heartbeat_interval_seconds: float = pydantic.Field(
+        default=0.5, gt=0, description="Redis heartbeat period")
+    heartbeat_lease_ms: int = pydantic.Field(
+        default=registry.DEFAULT_LEASE_MS, ge=100,
+        description="a heartbeat counts this long; a pod silent longer is gone")
 
     # Who may connect.
-    api_keys_file: Path | None = None
-    pod_token: str | None = None
+    api_keys_file: Path | None = pydantic.Field(
+        default=None, description="hashed API key file; clients then need a key")
+    pod_token: str | None = pydantic.Field(
+        default=None, description="shared secret routers send in asrpool-pod-token")
 
     # Per-stream limits and timers.
-    max_buffer_seconds: float = pydantic.Field(default=10.0, gt=0)
+    max_buffer_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="per-slot audio cap (backpressure)")
     # As moshi-server: frames up to 16 MiB; a client is idle after 120 s without a
     # binary message, and dead after 20 s without any frame (a ping every 10 s that
     # is not answered within 10 s).
-    max_message_bytes: int = pydantic.Field(default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
-    max_upload_bytes: int = pydantic.Field(default=64 << 20, ge=1024)  # POST bodies
-    resume_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
-    max_pending_messages: int = pydantic.Field(default=10_000, ge=16)
+    max_message_bytes: int = pydantic.Field(
+        default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024,
+        description="largest client message accepted (larger: too_large)")
+    max_upload_bytes: int = pydantic.Field(
+        default=64 << 20, ge=1024, description="largest POST /api/asr-streaming body")
+    resume_grace_seconds: float = pydantic.Field(
+        default=30.0, ge=0, description="keep a dropped stream's slot this long for a resume"
+        " (0: no resume)")
+    max_pending_messages: int = pydantic.Field(
+        default=10_000, ge=16, description="results of one stream waiting to be sent at most")
     # One client cannot stall its neighbours (asrpool.server.budgets): messages per
     # second per connection (a frame's worth of audio is free), and markers waiting for
     # their audio per stream (one per 80 ms chunk with the buffer full is ~130).
-    max_messages_per_second: float = pydantic.Field(default=250.0, gt=0)
-    message_burst: float = pydantic.Field(default=2500.0, ge=1)
-    max_pending_markers: int = pydantic.Field(default=256, ge=1)
-    idle_timeout_seconds: float = pydantic.Field(default=120.0, gt=0)
-    ping_interval_seconds: float = pydantic.Field(default=10.0, gt=0)
-    ping_timeout_seconds: float = pydantic.Field(default=10.0, gt=0)
-    drain_grace_seconds: float = pydantic.Field(default=30.0, ge=0)
-    # What a connection may cost (asrpool.common.limits): a client whose unsent results
-    # stay over the write buffer's high-water mark this long is dropped (too_slow).
-    send_timeout_seconds: float = pydantic.Field(default=limits.DEFAULT_SEND_TIMEOUT_S, gt=0)
-    max_head_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_HEAD_BYTES, ge=1024)
-    max_headers: int = pydantic.Field(default=limits.DEFAULT_MAX_HEADERS, ge=8)
-    max_url_bytes: int = pydantic.Field(default=limits.DEFAULT_MAX_URL_BYTES, ge=256)
-    handshake_timeout_seconds: float = pydantic.Field(
-        default=limits.DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
-    max_connections: int = pydantic.Field(default=2048, ge=2)  # keep above batch_size
-    warmup_steps: int = pydantic.Field(default=2, ge=0)
+    max_messages_per_second: float = pydantic.Field(
+        default=250.0, gt=0,
+        description="per connection; audio messages of 1920+ samples are free")
+    message_burst: float = pydantic.Field(
+        default=2500.0, ge=1, description="messages a connection may save up")
+    max_pending_markers: int = pydantic.Field(
+        default=256, ge=1, description="markers per stream waiting for their audio")
+    idle_timeout_seconds: float = pydantic.Field(
+        default=120.0, gt=0, description="drop a client sending no audio for this long")
+    ping_interval_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="websocket ping period")
+    ping_timeout_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="drop a client not answering a ping within this")
+    drain_grace_seconds: float = pydantic.Field(
+        default=30.0, ge=0, description="SIGTERM: open streams may finish for this long")
+    # What a connection may cost: limits.LimitSettings; a pod's connections must stay
+    # above its slots plus probes.
+    warmup_steps: int = pydantic.Field(
+        default=2, ge=0, description="engine steps run before the pod is ready")
 
-    log_level: str = "info"
+    log_level: str = pydantic.Field(default="info", description="debug | info | warning | error")
 
     @property
     def address(self) -> str:
@@ -80,14 +113,6 @@ class ServerSettings(redis_clients.RedisCredentials):
             return self.advertise_address
         host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
         return f"{host}:{self.port}"
-
-    @property
-    def connection_limits(self) -> limits.Limits:
-        return limits.Limits(
-            max_head_bytes=self.max_head_bytes, max_headers=self.max_headers,
-            max_url_bytes=self.max_url_bytes,
-            handshake_timeout_seconds=self.handshake_timeout_seconds,
-            max_connections=self.max_connections, send_timeout_seconds=self.send_timeout_seconds)
 
     @property
     def max_buffer_samples(self) -> int:

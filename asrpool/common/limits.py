@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from http import HTTPStatus
-from typing import Any
+from typing import Annotated, Any
 
 import h11
+import pydantic
 from uvicorn.protocols.http import h11_impl
 from websockets import http11
 
@@ -49,6 +50,40 @@ class Limits:
     handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     max_connections: int = 2048
     send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT_S
+
+
+MaxConnections = Annotated[int, pydantic.Field(
+    ge=2, description="connections one process holds at most (a router's: per worker); one"
+    " more is HTTP 503 at once")]
+
+
+class LimitSettings(pydantic.BaseModel):
+    """The settings of :class:`Limits`, shared by the pod's and the router's settings.
+    Only ``max_connections`` differs between them: a class changes its default alone,
+    ``max_connections: limits.MaxConnections = 16384``."""
+
+    max_head_bytes: int = pydantic.Field(
+        default=DEFAULT_MAX_HEAD_BYTES, ge=1024,
+        description="largest request line and headers in bytes (else HTTP 431)")
+    max_headers: int = pydantic.Field(
+        default=DEFAULT_MAX_HEADERS, ge=8, description="most request header lines (else 431)")
+    max_url_bytes: int = pydantic.Field(
+        default=DEFAULT_MAX_URL_BYTES, ge=256,
+        description="longest request target, path and query, in bytes (else 414)")
+    handshake_timeout_seconds: float = pydantic.Field(
+        default=DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0,
+        description="a request head must be complete this soon after the connection opened"
+        " (else 408)")
+    max_connections: MaxConnections = Limits.max_connections
+    send_timeout_seconds: float = pydantic.Field(
+        default=DEFAULT_SEND_TIMEOUT_S, gt=0,
+        description="a websocket client whose unsent data stay over the write buffer's"
+        " high-water mark this long is dropped")
+
+    @property
+    def connection_limits(self) -> Limits:
+        return Limits(**{field.name: getattr(self, field.name)
+                         for field in dataclasses.fields(Limits)})
 
 
 def uvicorn_options(limits: Limits) -> dict[str, Any]:

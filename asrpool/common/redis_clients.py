@@ -30,8 +30,11 @@ class RedisCredentials(pydantic_settings.BaseSettings):
 
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
-    redis_password: pydantic.SecretStr | None = None
-    redis_password_file: Path | None = None
+    # A secret, so never a flag (asrpool.common.settings_cli): the variable only.
+    redis_password: pydantic.SecretStr | None = pydantic.Field(
+        default=None, description="the Redis password (set from a Secret)")
+    redis_password_file: Path | None = pydantic.Field(
+        default=None, description="file holding the Redis password (or ASRPOOL_REDIS_PASSWORD)")
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> RedisCredentials:

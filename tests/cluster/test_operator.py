@@ -27,7 +27,7 @@ import redis
 import yaml
 from kopf.testing import KopfRunner
 
-from asrpool.common import processes, waiting
+from asrpool.common import processes, registry, waiting
 from asrpool.operator import handlers, naming, settings
 from tests.cluster.clusters import Cluster
 from tests.operator import schemas
@@ -47,10 +47,11 @@ def kubeconfig(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(namespace: str, redis_url: str) -> AsyncIterator[KopfRunner]:
+async def running(namespace: str, redis_url: str,
+                  resync_seconds: float = 2.0) -> AsyncIterator[KopfRunner]:
     """One operator process's life, in a thread of the test process."""
     config = settings.OperatorSettings(namespaces=[namespace], redis_url=redis_url,
-                                       resync_seconds=2.0)
+                                       resync_seconds=resync_seconds)
     runner = KopfRunner(["run", "--standalone", "--namespace", namespace],
                         registry=handlers.build_registry(config), settings=kopf.OperatorSettings(),
                         timeout=60)
@@ -331,6 +332,42 @@ async def test_a_restarted_operator_does_not_scale_a_pool_down_by_itself(
     assert report["limitedBy"] == "ScaleDownStabilization"
     apps = kubernetes.client.AppsV1Api(cluster.api)
     assert apps.read_namespaced_deployment("steady", namespace).spec.replicas == 4
+
+
+async def test_pods_join_the_member_list_as_they_get_their_ip_not_at_a_pass(
+    crd: None, cluster: Cluster, namespace: str, kubeconfig: None,
+    redis_server: redis_servers.RedisServer,
+) -> None:
+    """Passes an hour apart: the pods the real ReplicaSet controller makes, placed by the
+    real scheduler and given an IP by the node agent, reach the routers' member list
+    through the operator's pod watch; a deleted pod leaves it and its replacement joins."""
+    create(cluster, namespace, manifest("listed", slots=16, slotsPerPod=8))
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    key = registry.pool_members_key(f"{namespace}/listed")
+
+    def listed(count: int) -> dict[str, str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=naming.selector_text(
+            "listed")).items
+        ips = {pod.metadata.name: pod.status.pod_ip for pod in pods
+               if pod.status.pod_ip and pod.metadata.deletion_timestamp is None}
+        assert len(ips) == count, ips
+        members = client.hgetall(key)
+        assert {n: ip for n, ip in members.items() if n != registry.MEMBERS_SENTINEL} == ips
+        return ips
+
+    async with running(namespace, redis_server.url, resync_seconds=3600.0):
+        first = await eventually(lambda: listed(2), TIMEOUT, period=0.5)
+        gone = sorted(first)[0]
+        core.delete_namespaced_pod(gone, namespace, grace_period_seconds=0)
+
+        def replaced() -> dict[str, str]:
+            now = listed(2)
+            assert gone not in now, now
+            return now
+
+        await eventually(replaced, TIMEOUT, period=0.5)
+    client.close()
 
 
 async def test_an_immutable_field_is_reported_once_not_retried_in_a_loop(

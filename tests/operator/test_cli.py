@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from asrpool.common import settings_cli
 from asrpool.operator import cli, running, settings
 from tests.operator import checks, emulator
 from tests.support import polling, redis_servers
@@ -18,13 +19,15 @@ from tests.support import polling, redis_servers
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="command"))
+    cli.register(parser.add_subparsers(dest="command", parser_class=settings_cli.CommandParser))
     return parser.parse_args(["operator", *argv])
 
 
 def test_registering_does_not_import_kopf_or_kubernetes() -> None:
     code = ("import argparse, sys; from asrpool.operator import cli;"
-            "p = argparse.ArgumentParser(); cli.register(p.add_subparsers());"
+            "from asrpool.common import settings_cli;"
+            "p = argparse.ArgumentParser();"
+            "cli.register(p.add_subparsers(parser_class=settings_cli.CommandParser));"
             "print(sorted(m for m in ('kopf', 'kubernetes', 'pydantic') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -47,8 +47,8 @@ def test_cli_module_does_not_import_torch_or_fastapi() -> None:
 def test_invalid_setting_is_a_clear_error() -> None:
     result = subprocess.run([sys.executable, "-m", "asrpool.cli", "serve", "--batch-size", "0"],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert "batch_size" in result.stderr
+    assert result.returncode == 2  # the one convention: stderr, exit 2
+    assert "batch_size (--batch-size or ASRPOOL_BATCH_SIZE)" in result.stderr
 
 
 def test_the_dtype_follows_the_one_policy_unless_given() -> None:
