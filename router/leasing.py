@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -19,7 +21,9 @@ from asrpool.router import admissions, metrics, settings, views
 
 log = logging.getLogger(__name__)
 
-RENEW_BATCH = 50  # sessions per pipeline
+RENEW_BATCH = 50  # sessions per call
+Item = TypeVar("Item")
+Reply = TypeVar("Reply")
 
 
 async def renew_forever(
@@ -31,19 +35,9 @@ async def renew_forever(
     period = config.session_lease_ms / 3000
     while True:
         await asyncio.sleep(period)
-        held = sessions.snapshot()
-        # In batches, so that no one pipeline holds the loop (and every relayed
-        # stream) for long; each batch's round trip lets the loop run.
-        for start in range(0, len(held), RENEW_BATCH):
-            batch = held[start : start + RENEW_BATCH]
-            try:
-                alive = await store.renew(batch)
-            except redis.RedisError as exc:
-                meters.redis_errors.labels("renew").inc()
-                log.warning("cannot renew %d session leases: %s", len(held), exc)
-                break
-            for session, pod_alive in zip(batch, alive, strict=True):
-                note_heartbeat(session, pod_alive, config)
+        async for session, pod_alive in _in_batches(
+                sessions.snapshot(), store.renew, meters, "renew the leases of"):
+            note_heartbeat(session, pod_alive, config)
         await keep_detached(store, sessions, meters)
 
 
@@ -52,18 +46,29 @@ async def keep_detached(
 ) -> None:
     """Keep the records of the sessions this router detached until their grace ends
     (a Redis restart would make them unresumable while their pod holds them)."""
-    held = sessions.detached(time.monotonic())
-    for start in range(0, len(held), RENEW_BATCH):
-        batch = held[start : start + RENEW_BATCH]
+    async for held, still in _in_batches(
+            sessions.detached(time.monotonic()), store.keep_detached, meters, "keep detached"):
+        if not still:  # resumed, or released: no longer this router's
+            sessions.drop_detached(held.session)
+
+
+async def _in_batches(
+    items: list[Item], call: Callable[[list[Item]], Awaitable[list[Reply]]],
+    meters: metrics.Metrics, what: str,
+) -> AsyncIterator[tuple[Item, Reply]]:
+    """Each item with its reply, ``RENEW_BATCH`` items per call, so that no one call
+    holds the loop (and every relayed stream) for long: each round trip lets it run.
+    Redis failing ends the round (counted, logged): the next period tries again."""
+    for start in range(0, len(items), RENEW_BATCH):
+        batch = items[start : start + RENEW_BATCH]
         try:
-            kept = await store.keep_detached(batch)
+            replies = await call(batch)
         except redis.RedisError as exc:
             meters.redis_errors.labels("renew").inc()
-            log.warning("cannot keep %d detached sessions: %s", len(held), exc)
+            log.warning("cannot %s %d sessions: %s", what, len(items), exc)
             return
-        for d, still in zip(batch, kept, strict=True):
-            if not still:  # resumed, or released: no longer this router's
-                sessions.drop_detached(d.session)
+        for pair in zip(batch, replies, strict=True):
+            yield pair
 
 
 def note_heartbeat(
