@@ -12,7 +12,7 @@ from pathlib import Path
 import pydantic
 import pydantic_settings
 
-from asrpool.common import limits, protocol, redis_clients, registry
+from asrpool.common import limits, redis_clients, registry
 from asrpool.router import policies
 
 
@@ -24,7 +24,8 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings):
+class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
+                     limits.StreamSettings):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     redis_url: str = pydantic.Field(
@@ -85,16 +86,7 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings):
         default=5.0, gt=0, description="longest wait to connect to a pod")
     pod_attempts: int = pydantic.Field(
         default=3, ge=1, description="pods tried for one stream before it is refused")
-    # As moshi-server: frames up to 16 MiB; a client answering no ping (every 10 s)
-    # within 10 s is gone (20 s without any frame).
-    max_message_bytes: int = pydantic.Field(
-        default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="largest client frame")
-    max_upload_bytes: int = pydantic.Field(
-        default=64 << 20, ge=1024, description="largest POST /api/asr-streaming body")
-    ping_interval_seconds: float = pydantic.Field(
-        default=10.0, gt=0, description="websocket ping period towards clients")
-    ping_timeout_seconds: float = pydantic.Field(
-        default=10.0, gt=0, description="drop a client not answering a ping within this")
+    # Message sizes and client liveness: limits.StreamSettings.
     redis_timeout_seconds: float = pydantic.Field(
         default=0.5, gt=0, description="longest wait for one Redis call")
     # What a connection may cost: limits.LimitSettings (the relay applies the send

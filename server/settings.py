@@ -18,7 +18,8 @@ _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
-class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings):
+class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
+                     limits.StreamSettings):
     model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     # The model and its engine.
@@ -68,14 +69,8 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings):
     # Per-stream limits and timers.
     max_buffer_seconds: float = pydantic.Field(
         default=10.0, gt=0, description="per-slot audio cap (backpressure)")
-    # As moshi-server: frames up to 16 MiB; a client is idle after 120 s without a
-    # binary message, and dead after 20 s without any frame (a ping every 10 s that
-    # is not answered within 10 s).
-    max_message_bytes: int = pydantic.Field(
-        default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024,
-        description="largest client message accepted (larger: too_large)")
-    max_upload_bytes: int = pydantic.Field(
-        default=64 << 20, ge=1024, description="largest POST /api/asr-streaming body")
+    # Message sizes and client liveness: limits.StreamSettings. As moshi-server, a
+    # client is idle after 120 s without a binary message.
     resume_grace_seconds: float = pydantic.Field(
         default=30.0, ge=0, description="keep a dropped stream's slot this long for a resume"
         " (0: no resume)")
@@ -93,10 +88,6 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings):
         default=256, ge=1, description="markers per stream waiting for their audio")
     idle_timeout_seconds: float = pydantic.Field(
         default=120.0, gt=0, description="drop a client sending no audio for this long")
-    ping_interval_seconds: float = pydantic.Field(
-        default=10.0, gt=0, description="websocket ping period")
-    ping_timeout_seconds: float = pydantic.Field(
-        default=10.0, gt=0, description="drop a client not answering a ping within this")
     drain_grace_seconds: float = pydantic.Field(
         default=30.0, ge=0, description="SIGTERM: open streams may finish for this long")
     # What a connection may cost: limits.LimitSettings; a pod's connections must stay

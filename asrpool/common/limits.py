@@ -32,7 +32,7 @@ import pydantic
 from uvicorn.protocols.http import h11_impl
 from websockets import http11
 
-from asrpool.common import framing
+from asrpool.common import framing, protocol
 
 DEFAULT_MAX_HEAD_BYTES = 32 << 10
 DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)
@@ -84,6 +84,22 @@ class LimitSettings(pydantic.BaseModel):
     def connection_limits(self) -> Limits:
         return Limits(**{field.name: getattr(self, field.name)
                          for field in dataclasses.fields(Limits)})
+
+
+class StreamSettings(pydantic.BaseModel):
+    """What a websocket client may send and how long it may stay silent, for pod and
+    router alike. As moshi-server: messages up to 16 MiB; a client answering no ping
+    (one every 10 s) within 10 s is gone, 20 s without any frame."""
+
+    max_message_bytes: int = pydantic.Field(
+        default=protocol.DEFAULT_MAX_MESSAGE_BYTES, ge=1024,
+        description="largest client message accepted (larger: too_large)")
+    max_upload_bytes: int = pydantic.Field(
+        default=64 << 20, ge=1024, description="largest POST /api/asr-streaming body")
+    ping_interval_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="websocket ping period towards clients")
+    ping_timeout_seconds: float = pydantic.Field(
+        default=10.0, gt=0, description="drop a client not answering a ping within this")
 
 
 def uvicorn_options(limits: Limits) -> dict[str, Any]:
