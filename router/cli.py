@@ -63,6 +63,11 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
     ("--max-connections", {"type": int, "help": "connections per worker process (else 503)"}),
     (
+        "--new-streams-per-second",
+        {"type": float, "help": "per client address and per API key (else 429; 0: any)"},
+    ),
+    ("--new-streams-burst", {"type": float, "help": "new streams one client may save up"}),
+    (
         "--gpu-hour-price",
         {"type": float, "help": "dollars per GPU-hour: /api/pools and /metrics show the cost"},
     ),

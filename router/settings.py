@@ -74,6 +74,10 @@ class RouterSettings(redis_clients.RedisCredentials):
     handshake_timeout_seconds: float = pydantic.Field(
         default=limits.DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
     max_connections: int = pydantic.Field(default=16384, ge=2)  # per worker process
+    # New streams per second per client address, and per API key (0: no limit), per
+    # worker process; over it HTTP 429 before the upgrade (router.throttling).
+    new_streams_per_second: float = pydantic.Field(default=50.0, ge=0)
+    new_streams_burst: float = pydantic.Field(default=100.0, ge=1)
     # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
     # no cost shown) and GPUs per server pod (the pools' resources.gpus).
     gpu_hour_price: float | None = pydantic.Field(default=None, ge=0)

@@ -56,6 +56,9 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--handshake-timeout-seconds": ("handshake_timeout_seconds", float,
                                     "a request head must be complete within this (else 408)"),
     "--max-connections": ("max_connections", int, "connections per process (else 503)"),
+    "--new-streams-per-second": ("new_streams_per_second", float,
+                                 "new streams per second of the process (else 429; 0: any)"),
+    "--new-streams-burst": ("new_streams_burst", float, "new streams the process may save up"),
     "--heartbeat-interval-seconds": ("heartbeat_interval_seconds", float, "Redis beat period"),
     "--log-level": ("log_level", str, "debug | info | warning | error"),
 }
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port,
         log_level=config.log_level, ws_max_size=config.max_message_bytes,
-        **limits.uvicorn_options(config.connection_limits),
+        **limits.uvicorn_options(config.connection_limits, app.state.pod),
         # A client that answers no ping within the timeout and sent nothing else
         # meanwhile is gone (moshi-server: 20 s without any frame); one held back by
         # backpressure is not (framing.WebSocketProtocol).

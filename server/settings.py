@@ -69,6 +69,10 @@ class ServerSettings(redis_clients.RedisCredentials):
     handshake_timeout_seconds: float = pydantic.Field(
         default=limits.DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
     max_connections: int = pydantic.Field(default=2048, ge=2)  # keep above batch_size
+    # New streams per second of this process (0: no limit), refused with HTTP 429 before
+    # the upgrade: churn costs the event loop, and so the engine's steps (the GIL).
+    new_streams_per_second: float = pydantic.Field(default=50.0, ge=0)
+    new_streams_burst: float = pydantic.Field(default=100.0, ge=1)
     warmup_steps: int = pydantic.Field(default=2, ge=0)
 
     log_level: str = "info"
