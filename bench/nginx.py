@@ -140,7 +140,8 @@ class Stack:
         self._run("router", [sys.executable, "-m", "asrpool.cli", "route", "--redis-url",
                              self.redis_url, "--host", "127.0.0.1", "--port",
                              str(self.ports["router"]), "--log-level", "warning",
-                             "--workers", "1", *self.router_args])
+                             "--workers", "1", "--new-streams-per-second", "0",
+                             *self.router_args])
 
     def _run(self, name: str, argv: list[str]) -> None:
         log = self.workdir / f"{name}.log"
