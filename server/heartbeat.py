@@ -38,19 +38,12 @@ async def hold(redis_client: aioredis.Redis, pod_id: str, instance: str,
         await registry.claim(redis_client, pod_id, instance, lease_ms)
 
 
-# Beats woken by slot changes are this far apart at least: a pod whose streams open and
-# close hundreds of times a second (churn) writes ten beats a second, not one per change.
-MIN_GAP_S = 0.1
-
-
 async def run(redis_client: aioredis.Redis, snapshot: Callable[[], registry.PodHeartbeat],
               interval: float, lease_ms: int, wake: asyncio.Event, instance: str = "") -> None:
-    """Write a beat every ``interval`` seconds, or soon (``MIN_GAP_S``) when ``wake`` is set."""
+    """Write a beat every ``interval`` seconds, or at once when ``wake`` is set."""
     failing = False
     taken = False
-    loop = asyncio.get_running_loop()
     while True:
-        wrote_at = loop.time()
         wake.clear()
         try:
             written = await registry.write_heartbeat(redis_client, snapshot(), lease_ms,
@@ -69,7 +62,6 @@ async def run(redis_client: aioredis.Redis, snapshot: Callable[[], registry.PodH
             taken = not written
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(wake.wait(), interval)
-        await asyncio.sleep(max(0.0, wrote_at + MIN_GAP_S - loop.time()))
 
 
 async def withdraw(redis_client: aioredis.Redis, pod_id: str, pool: str,
