@@ -150,3 +150,22 @@ def test_pod_and_router_count_their_refusals(churned: conftest.Platform) -> None
     assert count is not None and count > 0
     _, body = support.http_get(churned.router.url + "/metrics")
     assert b'reason="too_many_streams"' in body
+
+
+async def test_a_pod_over_its_rate_is_no_demand_through_the_router(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A router without a limit of its own in front of a pod with a low one: the
+    streams the pod refuses (429 to the router's link) are told `too_many_streams`
+    (after the upgrade, as the pod's other refusals are), not `busy`, and count as no
+    demand for the pool."""
+    pod_flags = ("--new-streams-per-second", "1", "--new-streams-burst", "1")
+    with conftest.running(tmp_path_factory.mktemp("pod-rate"), pod_flags,
+                          ("--new-streams-per-second", "0")) as plat:
+        url, headers = plat.ws_url("router"), plat.headers("router")
+        # One after another: the pod's two slots are never all taken, only its rate.
+        answers = [await _churn_once(url, headers) for _ in range(4)]
+        outcomes = collections.Counter(outcome for outcome, _ in answers)
+        assert outcomes["too_many_streams"] >= 1 and outcomes["ready"] >= 1, outcomes
+        assert set(outcomes) <= {"ready", "too_many_streams"}, outcomes
+        assert _refusals(plat) == 0
+        await asyncio.to_thread(plat.wait_settled)
