@@ -147,7 +147,8 @@ class Stack:
         self._run("router", [sys.executable, "-m", "asrpool.cli", "route", "--redis-url",
                              self.redis_url, "--host", "127.0.0.1", "--port",
                              str(self.ports["router"]), "--log-level", "warning",
-                             "--workers", "1", *self.router_args])
+                             "--workers", "1", "--new-streams-per-second", "0",
+                             *self.router_args])
         self._run("floor", [sys.executable, "-m", "asrpool.bench.floor_relay",
                             str(self.ports["floor"]), str(self.ports["backend"])])
 

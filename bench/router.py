@@ -208,6 +208,22 @@ def relayed_messages(metrics_url: str) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def unthrottled() -> Any:
+    """Pods and routers started meanwhile take any number of new streams a second (their
+    ``ASRPOOL_NEW_STREAMS_PER_SECOND`` 0): the bench opens its streams at once on purpose."""
+    name = "ASRPOOL_NEW_STREAMS_PER_SECOND"
+    saved = os.environ.get(name)
+    os.environ[name] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
     """Routed and direct phases alternate (``--rounds`` of each), so that warm-up and
     other load on the machine hit both alike."""
@@ -215,7 +231,8 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
     rtts: dict[str, list[float]] = {"routed": [], "direct": []}
     runs: dict[str, list[dict[str, Any]]] = {"routed": [], "direct": []}
     cpu = elapsed = 0.0
-    with local.LocalPlatform(opts.pods, slots, opts.model, processes.free_port()) as plat:
+    with unthrottled(), \
+            local.LocalPlatform(opts.pods, slots, opts.model, processes.free_port()) as plat:
         router_pid = next(c.process.pid for c in plat.children if c.name == "router")
         urls = {
             "routed": [plat.router_url + protocol.STREAMING_PATH],

@@ -19,10 +19,19 @@ with the ``baseline`` phase). Attacks (``bench/attacks.py``):
   handshake deadline): how many are still held after it;
 - ``tiny_frames`` and ``markers``: one client sending 1-sample ``Audio`` or ``Marker``
   frames as fast as it can (``Error`` too_many_messages, too_many_markers);
+- ``churn``: websocket streams opened and closed at once, as fast as ``--churn-workers``
+  connections at a time go, for ``--churn-seconds``: how many were opened, refused busy
+  (upgrade, ``Error`` busy, close) or refused over the new-streams rate (HTTP 429
+  before the upgrade), and the rate they came at;
 - ``fuzz``: random and mutated MessagePack frames (random bytes, random MessagePack
   trees, valid messages with flipped, cut, inserted bytes or swapped fields), one
   connection after another: each frame the pod's decoder refuses must end its stream
   with an ``Error`` (``unrefused`` counts those that did not).
+
+Between phases the soak waits until the neighbour is back to its baseline (its last
+frames answered within twice the baseline's p99, nothing older waiting): a phase's
+figures are its own, not the backlog of the phase before (``settle_s`` says how long
+that took).
 
 Afterwards every slot must be free and every router session gone: ``slots_leaked``
 and ``sessions_leaked`` (both must be 0).
@@ -59,7 +68,7 @@ from asrpool.router import keys
 
 FRAME_S = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
 ATTACKS = ("non_reader", "header_flood", "query_flood", "half_open", "tiny_frames", "markers",
-           "fuzz")
+           "churn", "fuzz")
 AUDIO = msgpack.packb({"type": "Audio", "pcm": [0.0] * protocol.FRAME_SIZE},
                       use_single_float=True)
 
@@ -79,6 +88,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--non-reader-seconds", type=float, default=60.0,
                         help="how long each would send unless cut")
     parser.add_argument("--flood-messages", type=int, default=20_000)
+    parser.add_argument("--churn-workers", type=int, default=6, help="connections at once")
+    parser.add_argument("--churn-seconds", type=float, default=20.0)
+    parser.add_argument("--new-streams-per-second", type=float, default=None,
+                        help="the pod's and router's (default: theirs)")
+    parser.add_argument("--settle-seconds", type=float, default=60.0,
+                        help="longest wait for the neighbour's baseline between phases")
     parser.add_argument("--baseline-seconds", type=float, default=10.0)
     parser.add_argument("--handshake-timeout-seconds", type=float, default=10.0,
                         help="the pod's and router's (their default)")
@@ -144,6 +159,15 @@ class Neighbour:
     def take(self) -> list[float]:
         taken, self.latencies = self.latencies, []
         return taken
+
+    def settled(self, threshold: float, frames: int = 10) -> bool:
+        """Its last ``frames`` frames were answered within ``threshold`` and no frame
+        sent longer ago is still waiting (no backlog left on the pod)."""
+        recent = self.latencies[-frames:]
+        now = time.monotonic()
+        waiting = [now - sent for sent in self.sent.values()]
+        return (len(recent) == frames and max(recent) <= threshold
+                and max(waiting, default=0.0) <= threshold)
 
     async def run(self, stop: asyncio.Event) -> None:
         async with ws_client.connect(self.url, max_size=None, compression=None) as ws:
@@ -350,7 +374,7 @@ async def fuzz(target: Target, frames: list[bytes], workers: int) -> dict[str, A
     """One raw-socket connection after another, each fed frames until one that the
     pod's decoder refuses: that one must end the stream with an Error and a close."""
     codes: collections.Counter[str] = collections.Counter()
-    tally = {"tried": 0, "connections": 0, "unrefused": 0, "busy_waits": 0}
+    tally = {"tried": 0, "connections": 0, "unrefused": 0, "busy_waits": 0, "rate_limited": 0}
     queue: collections.deque[bytes] = collections.deque(frames)
 
     async def worker() -> None:
@@ -361,8 +385,9 @@ async def fuzz(target: Target, frames: list[bytes], workers: int) -> dict[str, A
                 await asyncio.sleep(0.1)
                 continue
             try:
-                if not await _handshake(reader, writer):
-                    tally["busy_waits"] += 1  # every slot taken for now
+                answer = await _handshake(reader, writer)
+                if answer != "ready":  # every slot taken, or over the new-streams rate
+                    tally["rate_limited" if answer == "http_429" else "busy_waits"] += 1
                     await asyncio.sleep(0.02)
                     continue
                 tally["connections"] += 1
@@ -380,14 +405,53 @@ async def fuzz(target: Target, frames: list[bytes], workers: int) -> dict[str, A
                     "frames_per_s": round(tally["tried"] / seconds, 1)}
 
 
-async def _handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-    """Upgrade and read the first message: whether it is ``Ready``."""
+async def churn(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
+    """Open a stream, close it as soon as the server answers, again, ``--churn-workers``
+    connections at a time for ``--churn-seconds``: what each attempt was answered."""
+    outcomes: collections.Counter[str] = collections.Counter()
+    deadline = time.monotonic() + opts.churn_seconds
+
+    async def worker() -> None:
+        while time.monotonic() < deadline:
+            try:
+                outcomes[await _churn_once(target)] += 1
+            except (OSError, asyncio.IncompleteReadError, TimeoutError):
+                outcomes["connection_lost"] += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(opts.churn_workers)))
+    seconds = time.monotonic() - started
+    tried = sum(outcomes.values())
+    return {"tried": tried, "outcomes": dict(outcomes), "seconds": round(seconds, 1),
+            "attempts_per_s": round(tried / seconds, 1),
+            "opened_per_s": round(outcomes["ready"] / seconds, 1), "survived": _alive(target)}
+
+
+async def _churn_once(target: Target) -> str:
+    """One stream opened and closed at once: ``ready``, the ``Error`` code it was
+    refused with, or ``http_<status>`` for a refusal before the upgrade."""
+    reader, writer = await asyncio.open_connection(*target.address)
+    try:
+        answer = await _handshake(reader, writer)
+        if not answer.startswith("http_"):
+            writer.write(attacks.masked_close())
+            await _until_closed(reader)
+        return answer
+    finally:
+        writer.close()
+
+
+async def _handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    """Upgrade and read the first message: ``ready``, ``http_<status>`` (no upgrade) or
+    the code of the ``Error`` it was."""
     writer.write(attacks.upgrade_request())
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    if b" 101 " not in head.split(b"\r\n", 1)[0]:
-        return False
+    status = attacks.status_of(head)
+    if status != 101:
+        return f"http_{status}"
     _, payload = await _read_frame(reader)
-    return bool(msgpack.unpackb(payload).get("type") == "Ready")
+    message = msgpack.unpackb(payload)
+    return "ready" if message.get("type") == "Ready" else str(message.get("code"))
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -441,6 +505,14 @@ async def phase(name: str, neighbour: Neighbour, attack: Callable[[], Any]) -> d
             "neighbour": percentiles(neighbour.take())}
 
 
+async def settle(neighbour: Neighbour, threshold: float, timeout: float) -> float:
+    """Wait until the neighbour is back to its baseline (at most ``timeout``); how long."""
+    started = time.monotonic()
+    while not neighbour.settled(threshold) and time.monotonic() - started < timeout:
+        await asyncio.sleep(0.2)
+    return round(time.monotonic() - started, 1)
+
+
 def attacks_of(target: Target, opts: argparse.Namespace, rng: random.Random
                ) -> list[tuple[str, Callable[[], Any]]]:
     one_sample = msgpack.packb({"type": "Audio", "pcm": [0.0]}, use_single_float=True)
@@ -454,6 +526,7 @@ def attacks_of(target: Target, opts: argparse.Namespace, rng: random.Random
         ("half_open", lambda: asyncio.to_thread(half_open, target, opts)),
         ("tiny_frames", lambda: flood(target, one_sample, opts.flood_messages)),
         ("markers", lambda: flood(target, marker, opts.flood_messages)),
+        ("churn", lambda: churn(target, opts)),
         ("fuzz", lambda: fuzz(target, frames, opts.fuzz_workers)),
     ] if name in chosen]
 
@@ -495,11 +568,13 @@ async def soak(plat: local.LocalPlatform, targets: list[Target],
     running = asyncio.create_task(neighbour.run(stop))
     phases = [await phase("baseline", neighbour,
                           lambda: asyncio.sleep(opts.baseline_seconds, {}))]
+    threshold = max(0.2, 2 * phases[0]["neighbour"].get("p99_ms", 100) / 1e3)
     rng = random.Random(opts.seed)
     for target in targets:
         for name, attack in attacks_of(target, opts, rng):
             await asyncio.to_thread(wait_used, targets[0], 1)  # the neighbour's slot alone
-            phases.append({"target": target.name} | await phase(
+            settled = await settle(neighbour, threshold, opts.settle_seconds)
+            phases.append({"target": target.name, "settle_s": settled} | await phase(
                 f"{name}@{target.name}", neighbour, attack))
     stop.set()
     await running
@@ -526,8 +601,10 @@ def platform_environment(opts: argparse.Namespace) -> Iterator[None]:
     for name, value in (("HANDSHAKE_TIMEOUT_SECONDS", opts.handshake_timeout_seconds),
                         ("HANDSHAKE_TIMEOUT_S", opts.handshake_timeout_seconds),
                         ("SEND_TIMEOUT_SECONDS", opts.send_timeout_seconds),
-                        ("SEND_TIMEOUT_S", opts.send_timeout_seconds)):
-        values[f"ASRPOOL_{name}"] = str(value)
+                        ("SEND_TIMEOUT_S", opts.send_timeout_seconds),
+                        ("NEW_STREAMS_PER_SECOND", opts.new_streams_per_second)):
+        if value is not None:
+            values[f"ASRPOOL_{name}"] = str(value)
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:

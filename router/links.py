@@ -25,7 +25,15 @@ CLOSE_TIMEOUT_S = 2.0  # for the pod's answer to a clean close, as the websocket
 
 
 class HandshakeFailed(Exception):
-    pass
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status  # the pod's HTTP status, when it refused the upgrade
+
+
+def _status(head: bytes) -> int | None:
+    """The status code of a response head (its body, if any, may not be here yet)."""
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 class PodLink(asyncio.Protocol):
@@ -92,7 +100,8 @@ class PodLink(asyncio.Protocol):
         self.handshake.receive_data(head)
         events = self.handshake.events_received()
         if self.handshake.handshake_exc is not None or not events:
-            self._fail(f"handshake refused: {self.handshake.handshake_exc}")
+            self._fail(f"handshake refused: {self.handshake.handshake_exc or head[:80]!r}",
+                       _status(head))
             return
         self.response = cast(Response, events[0])
 
@@ -109,9 +118,9 @@ class PodLink(asyncio.Protocol):
         self.transport.pause_reading()  # until the relay takes over
         self.first.set_result(payload)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, status: int | None = None) -> None:
         if not self.first.done():
-            self.first.set_exception(HandshakeFailed(reason))
+            self.first.set_exception(HandshakeFailed(reason, status))
         self.abort()
 
     # after the first frame

@@ -16,7 +16,7 @@ import uuid
 
 import redis
 
-from asrpool.common import protocol
+from asrpool.common import protocol, rates
 from asrpool.router import admissions, pods, refusals, settings, wiring
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ async def place(
             return got, outcome
         log.info("pod %s did not take a stream: %s", got.pod_id, outcome)
         await deps.admissions.release(got)
+        if isinstance(outcome, pods.Refused) and outcome.code == rates.TOO_MANY_STREAMS:
+            return refusals.pod_throttled()  # told at once: a busy answer would be demand
         tried.append(got.pod_id)
         if len(tried) >= config.pod_attempts:
             return refusals.busy()

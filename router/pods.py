@@ -13,7 +13,7 @@ import logging
 
 import msgpack
 
-from asrpool.common import protocol
+from asrpool.common import protocol, rates
 from asrpool.router import links, settings
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,12 @@ async def open_stream(
             config.max_message_bytes,
             config.pod_connect_timeout_seconds,
         )
-    except (OSError, TimeoutError, ValueError, links.HandshakeFailed) as exc:
+    except links.HandshakeFailed as exc:
+        if exc.status == 429:  # the pod is over its new streams per second
+            return Refused(rates.TOO_MANY_STREAMS, str(exc), b"")
+        log.warning("pod %s unreachable: %s", address, exc)
+        return Unreachable(f"{type(exc).__name__}: {exc}")
+    except (OSError, TimeoutError, ValueError) as exc:
         log.warning("pod %s unreachable: %s", address, exc)
         return Unreachable(f"{type(exc).__name__}: {exc}")
     # No keepalive pings to pods: a pod that applies backpressure stops reading its

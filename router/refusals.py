@@ -52,6 +52,13 @@ def key_queue_full(key_id: str, limit: int) -> Refusal:
     )
 
 
+def pod_throttled() -> Refusal:
+    """The pod refused the router's link over its new streams per second: no pool
+    demand (nothing is written to Redis), the client may try again in a second."""
+    return Refusal("too_many_streams", "the pod is over its new streams per second; try "
+                   "again in a second", protocol.CloseCode.TRY_AGAIN)
+
+
 def client_left() -> Refusal:
     """Nobody to tell: the client left during its admission (for the metrics)."""
     return Refusal("client_left", "the client left during admission", protocol.CloseCode.NORMAL)

@@ -37,13 +37,15 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # so frames pass through unchanged. uvloop runs the relay's protocols.
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
-    # Before authentication, limits.uvicorn_options bounds what a connection may cost.
+    # Before authentication, limits.uvicorn_options bounds what a connection may cost,
+    # and refuses a client address over its new streams per second (router.throttling).
+    deps = wiring.build(config)
     uv_config = uvicorn.Config(
-        app.create_app(config, wiring.build(config)),
+        app.create_app(config, deps),
         host=config.host,
         port=config.port,
         loop="uvloop",
-        **limits.uvicorn_options(config.connection_limits),
+        **limits.uvicorn_options(config.connection_limits, deps.new_streams),
         ws_max_size=config.max_message_bytes,
         ws_per_message_deflate=False,
         # A client that answers no ping within the timeout and sent nothing else

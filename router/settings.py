@@ -92,6 +92,13 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # What a connection may cost: limits.LimitSettings (the relay applies the send
     # deadline too, and releases the session).
     max_connections: limits.MaxConnections = 16384
+    # New streams per second per client address, and per API key (0: no limit), per
+    # worker process; over it HTTP 429 before the upgrade (router.throttling).
+    new_streams_per_second: float = pydantic.Field(
+        default=50.0, ge=0, description="new streams per second of one client address and of"
+        " one API key, per worker (else HTTP 429; 0: any number)")
+    new_streams_burst: float = pydantic.Field(
+        default=100.0, ge=1, description="new streams one client may save up")
     # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
     # no cost shown) and GPUs per server pod (the pools' resources.gpus).
     gpu_hour_price: float | None = pydantic.Field(

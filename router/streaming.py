@@ -5,7 +5,9 @@ does); place the stream (or resume it) on a pod that answered ``Ready``; accept,
 handing the session id, resume token and the pod's resume offset in the 101's
 headers; relay bytes (the pod's ``Ready`` first); end both sides as the way it ended
 requires.
-Refusals are an upgrade, an ``Error`` and a close, as the pod's own busy answer is.
+Refusals are an upgrade, an ``Error`` and a close, as the pod's own busy answer is;
+a client over its new streams per second (per address from the request head, per API
+key here) gets HTTP 429 before any of this (``router.throttling``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import redis
 from starlette import requests, responses
 from starlette import websockets as starlette_ws
 
-from asrpool.common import auth, framing, protocol
+from asrpool.common import auth, framing, protocol, rates
 from asrpool.router import (
     admissions,
     frames,
@@ -49,6 +51,7 @@ def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None) -> a
 
 
 async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps) -> None:
+    resume_text = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
     key = authenticate(ws, deps.keyring)
     if key is None:
         deps.meters.rejections.labels("unauthorized").inc()
@@ -56,12 +59,22 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
             responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
         )
         return
+    throttled = deps.new_streams.of_key(key.id) if resume_text is None else None
+    if throttled is not None:  # its address was checked from the request head already
+        await throttle(ws, throttled, deps)
+        return
     conn = uuid.uuid4().hex
-    resume_text = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
     if resume_text is not None:
         await _resume(ws, resume_text, key, conn, deps)
     else:
         await _start(ws, pool or deps.config.default_pool, key, conn, deps)
+
+
+async def throttle(ws: starlette_ws.WebSocket, throttled: rates.Throttled,
+                   deps: wiring.Deps) -> None:
+    """HTTP 429 before the upgrade; nothing is written to Redis (no demand for the pool)."""
+    await ws.send_denial_response(responses.PlainTextResponse(
+        throttled.message, throttled.status, throttled.headers))
 
 
 def _extension_headers(token: tokens.ResumeToken, opened: pods.Opened) -> list[tuple[bytes, bytes]]:

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
-from asrpool.common import auth, heap, redis_clients
-from asrpool.router import admissions, leasing, metrics, settings
+from asrpool.common import auth, heap, rates, redis_clients
+from asrpool.router import admissions, leasing, metrics, settings, throttling
 
 
 @dataclasses.dataclass
@@ -21,6 +21,7 @@ class Deps:
     sessions: admissions.Sessions
     keyring: auth.KeyRing | None
     meters: metrics.Metrics
+    new_streams: throttling.NewStreams
 
 
 def connect_redis(config: settings.RouterSettings) -> aioredis.Redis:
@@ -41,6 +42,9 @@ def build(config: settings.RouterSettings) -> Deps:
         sessions=admissions.Sessions(),
         keyring=keyring,
         meters=meters,
+        new_streams=throttling.NewStreams(
+            config.new_streams_per_second, config.new_streams_burst,
+            meters.rejections.labels(rates.TOO_MANY_STREAMS).inc),
     )
 
 

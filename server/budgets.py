@@ -1,20 +1,20 @@
 """Messages per second per connection: one client cannot keep the event loop from its
 neighbours' streams with a flood of tiny frames, markers or text frames.
 
-A token bucket: ``rate`` tokens a second, at most ``burst`` saved. A message costs one
-token less the share of a model frame (1920 samples) it carries, so audio at any pace
-in frames of 1920 samples or more (Kyutai's clients, a file sent as fast as the pod
-takes it) costs nothing, real-time audio in 10 ms chunks costs 87.5 tokens a second
-(under the default 250), and what costs the loop without feeding the model (markers,
-text frames, a few samples per message) is what the budget counts.
+A token bucket (``asrpool.common.rates``): ``rate`` tokens a second, at most ``burst``
+saved. A message costs one token less the share of a model frame (1920 samples) it
+carries, so audio at any pace in frames of 1920 samples or more (Kyutai's clients, a
+file sent as fast as the pod takes it) costs nothing, real-time audio in 10 ms chunks
+costs 87.5 tokens a second (under the default 250), and what costs the loop without
+feeding the model (markers, text frames, a few samples per message) is what the budget
+counts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
-from asrpool.common import protocol
+from asrpool.common import protocol, rates
 
 # OggOpus messages carry bytes, not samples: at 24 kbit/s one byte is 8 samples.
 OPUS_SAMPLES_PER_BYTE = 8
@@ -22,18 +22,12 @@ OPUS_SAMPLES_PER_BYTE = 8
 
 class MessageBudget:
     def __init__(self, rate: float, burst: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens = burst
-        self.at = clock()
+                 clock: rates.Clock = time.monotonic) -> None:
+        self.bucket = rates.TokenBucket(rate, burst, clock)
 
     def spend(self, samples: int) -> bool:
         """Take the cost of a message carrying ``samples``; False once over budget."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        self.tokens -= max(0.0, 1.0 - samples / protocol.FRAME_SIZE)
-        return self.tokens >= 0
+        return self.bucket.take(max(0.0, 1.0 - samples / protocol.FRAME_SIZE))
 
 
 def samples_of(message: protocol.ClientMessage) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -90,14 +90,25 @@ class BatchedEngine:
         """Start a fresh stream in ``slot``; every other slot is untouched. With
         ``keep_markers`` (a client's ``Init``), its pending markers stay due as many
         steps later as they were."""
-        self._check_slot(slot)
-        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        mask[slot] = True
+        self.reset_slots([slot], keep_markers)
+
+    def reset_slots(self, slots: Iterable[int], keep_markers: bool = False) -> None:
+        """:meth:`reset_slot` for several slots in one vectorised reset (moshi's
+        ``reset_streaming(mask)`` walks every streaming module once, whatever the mask)."""
+        rows = sorted(set(slots))
+        for slot in rows:
+            self._check_slot(slot)
+        if not rows:
+            return
+        mask = torch.zeros(self.batch_size, dtype=torch.bool)
+        mask[rows] = True
+        mask = mask.to(self.device)
         self.model.mimi.reset_streaming(mask)
         self.lm_gen.reset_streaming(mask)
         self._clear_caches(mask)
-        self._prev_codes[slot] = self._pad_codes[slot]
-        self.decoders[slot].reset(keep_markers)
+        self._prev_codes[mask] = self._pad_codes[mask]
+        for slot in rows:
+            self.decoders[slot].reset(keep_markers)
 
     def _clear_caches(self, mask: torch.Tensor) -> None:
         """Zero the rows of ``mask`` in every attention cache. moshi's reset only rewinds

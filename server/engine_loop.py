@@ -93,8 +93,7 @@ class EngineLoop:
         silence = np.zeros(slots.FRAME_SIZE, dtype=np.float32)
         for _ in range(self._warmup_steps):
             engine.step(dict.fromkeys(range(engine.batch_size), silence))
-        for slot in range(engine.batch_size):
-            engine.reset_slot(slot)
+        engine.reset_slots(range(engine.batch_size))
         logger.info("engine warmed up in %.1f s", time.monotonic() - started)
 
     def _serve(self, engine: engine_mod.BatchedEngine) -> None:
@@ -104,10 +103,10 @@ class EngineLoop:
 
 
 def run_batch(engine: engine_mod.BatchedEngine, batch: slots.Batch) -> StepOutput:
-    for slot in batch.resets:
-        engine.reset_slot(slot)
-    for slot in batch.restarts:
-        engine.reset_slot(slot, keep_markers=True)
+    if batch.resets:
+        engine.reset_slots(batch.resets)
+    if batch.restarts:
+        engine.reset_slots(batch.restarts, keep_markers=True)
     for slot, marker_id, frames_pending in batch.markers:
         engine.add_marker(slot, marker_id, frames_pending)
     if not batch.frames:

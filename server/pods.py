@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
-from asrpool.common import auth, heap, protocol, registry
+from asrpool.common import auth, heap, protocol, rates, registry
 from asrpool.server import (
     engine_loop,
     handles,
@@ -62,6 +62,9 @@ class Pod:
         self.instance = registry.new_instance()  # this process, among pods of one id
         self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
         self._heartbeat_wake = asyncio.Event()
+        self._new_streams = (rates.TokenBucket(config.new_streams_per_second,
+                                               config.new_streams_burst)
+                             if config.new_streams_per_second else None)
         self._engine: engine_loop.EngineLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.slots_total.set(config.batch_size)
@@ -138,6 +141,16 @@ class Pod:
             plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
             return None if keys.find(plain) is not None else protocol.UNAUTHORIZED
         return None
+
+    def new_stream(self, address: str) -> rates.Throttled | None:
+        """Why a new stream is refused from its request head (HTTP 429, by the gate of
+        ``limits.uvicorn_options``): over the process's new streams per second, whoever
+        asks (a pod's clients are its routers)."""
+        bucket = self._new_streams
+        if bucket is None or bucket.take():
+            return None
+        self.count_error(rates.TOO_MANY_STREAMS)
+        return rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())
 
     def not_accepting(self) -> outcomes.Failed | None:
         """Why a new stream is refused after the upgrade, or None."""

@@ -92,6 +92,13 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=30.0, ge=0, description="SIGTERM: open streams may finish for this long")
     # What a connection may cost: limits.LimitSettings; a pod's connections must stay
     # above its slots plus probes.
+    # New streams per second of this process (0: no limit), refused with HTTP 429 before
+    # the upgrade: churn costs the event loop, and so the engine's steps (the GIL).
+    new_streams_per_second: float = pydantic.Field(
+        default=50.0, ge=0, description="new streams per second of the process (else HTTP 429;"
+        " 0: any number)")
+    new_streams_burst: float = pydantic.Field(
+        default=100.0, ge=1, description="new streams the process may save up")
     warmup_steps: int = pydantic.Field(
         default=2, ge=0, description="engine steps run before the pod is ready")
 

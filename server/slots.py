@@ -4,6 +4,9 @@ Websocket handlers (event loop) push audio and markers; the engine thread takes 
 most one 1920-sample frame per slot per step. Everything goes through one lock and
 one condition; every operation is short (no model work under the lock).
 
+A slot's reset (a new stream) is handed to the engine with the slot's first frame or
+marker, in the same batch, and every slot reset in one batch is reset in one call.
+
 Each slot has a *generation*, bumped whenever its stream starts or ends. A client's
 ``Init`` restarts the model row alone (as moshi-server): the generation, buffered audio
 and pending markers stay. The engine thread reports the generation with every event, so output of an
@@ -71,8 +74,10 @@ class _SlotInput:
 
     @property
     def ready(self) -> bool:
-        return self.active and (self.needs_reset or self.needs_restart or bool(self.markers)
-                                or self.samples >= FRAME_SIZE)
+        """A frame or a marker for the engine. A reset alone is no work: it is done with
+        the stream's first frame or marker, so a stream that never sends audio (a client
+        that connects and leaves) costs the engine nothing."""
+        return self.active and (bool(self.markers) or self.samples >= FRAME_SIZE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +162,11 @@ class SlotBuffers:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+
+    def pending(self) -> bool:
+        """Some slot has a frame or a marker for the engine."""
+        with self._cond:
+            return any(state.ready for state in self._slots)
 
     def take(self, timeout: float = 0.5) -> Batch | None:
         """Block until some slot has work; None once closed (engine thread only)."""

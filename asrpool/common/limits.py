@@ -15,6 +15,14 @@ Pods and routers alike (both build their ``uvicorn.Config`` with
   header lines, or one longer than websockets' handshake parser takes (8 KiB), HTTP
   431: checked on h11's request event, before the websocket handshake or the app
   (and its query parsing) sees the request.
+- A new stream (a websocket upgrade that is not a resume) is let through only if the
+  process's :class:`StreamGate` admits it (new streams per second: one bucket for a
+  pod process, one per client address on a router); else HTTP 429 with
+  ``Retry-After``, answered from the request head: no websocket handshake, no
+  application, no slot, no log line. The answer is held back ``THROTTLED_HOLD_S``
+  (the connection is not read meanwhile): a client that retries at once makes one
+  attempt a second per connection, not hundreds, and one that honours ``Retry-After``
+  waits no longer than it would have.
 - Sends to a websocket client that does not read have a deadline: a connection whose
   write buffer stays over its high-water mark for ``send_timeout_seconds`` is aborted
   (:class:`asrpool.common.framing.WebSocketProtocol`; the router's relay does the same).
@@ -24,15 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from http import HTTPStatus
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import h11
 import pydantic
 from uvicorn.protocols.http import h11_impl
 from websockets import http11
 
-from asrpool.common import framing, protocol
+from asrpool.common import framing, protocol, rates
 
 DEFAULT_MAX_HEAD_BYTES = 32 << 10
 DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)
@@ -40,6 +49,7 @@ DEFAULT_MAX_URL_BYTES = 4 << 10  # the request line; websockets refuses one over
 MAX_LINE_BYTES = http11.MAX_LINE_LENGTH  # a header line the websocket handshake takes
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_SEND_TIMEOUT_S = 5.0
+THROTTLED_HOLD_S = 1.0  # a 429's Retry-After is 1 s at least
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +112,20 @@ class StreamSettings(pydantic.BaseModel):
         default=10.0, gt=0, description="drop a client not answering a ping within this")
 
 
-def uvicorn_options(limits: Limits) -> dict[str, Any]:
-    """Keyword arguments of ``uvicorn.Config`` that apply ``limits``."""
+class StreamGate(Protocol):
+    def new_stream(self, address: str) -> rates.Throttled | None:
+        """Why a new stream from ``address`` is refused now (counted), or None."""
+
+
+# (status, text, extra headers) of a request refused from its head
+Problem = tuple[HTTPStatus, str, tuple[tuple[str, str], ...]]
+_RESUME_HEADER = protocol.RESUME_TOKEN_HEADER.lower().encode()
+
+
+def uvicorn_options(limits: Limits, gate: StreamGate | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.Config`` that apply ``limits`` (and ``gate``)."""
     return {
-        "http": _configured(H11Protocol, limits=limits),
+        "http": _configured(H11Protocol, limits=limits, gate=gate),
         "ws": _configured(framing.WebSocketProtocol,
                           send_timeout_seconds=limits.send_timeout_seconds),
         "h11_max_incomplete_event_size": limits.max_head_bytes,
@@ -118,11 +138,13 @@ def _configured(base: type[Any], **attributes: Any) -> type[Any]:
     return type(base.__name__, (base,), attributes)
 
 
-def refusal(status: HTTPStatus, text: str) -> bytes:
+def refusal(status: HTTPStatus, text: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
     """A whole HTTP/1.1 response that closes the connection."""
     body = text.encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
     head = (f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: text/plain; "
-            f"charset=utf-8\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")
+            f"charset=utf-8\r\ncontent-length: {len(body)}\r\n{extra}connection: close\r\n"
+            "\r\n")
     return head.encode() + body
 
 
@@ -130,10 +152,13 @@ class Connection(h11.Connection):
     """h11's server connection that refuses a request beyond the limits as a protocol
     error (uvicorn then answers it through ``send_400_response``), naming why."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, gate: StreamGate | None = None) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
         self.limits = limits
-        self.problem: tuple[HTTPStatus, str] | None = None
+        self.gate = gate
+        self.client = ""  # the peer's address, for the gate
+        self.problem: Problem | None = None
+        self.throttled: Problem | None = None
 
     def next_event(self) -> Any:
         event = super().next_event()
@@ -141,37 +166,58 @@ class Connection(h11.Connection):
             self.problem = request_problem(event, self.limits)
             if self.problem is not None:
                 raise h11.RemoteProtocolError(self.problem[1], self.problem[0].value)
+            self.throttled = self._gated(event)
+            if self.throttled is not None:  # H11Protocol answers it, later and quietly
+                return h11.PAUSED
         return event
 
+    def _gated(self, request: h11.Request) -> Problem | None:
+        if self.gate is None or not new_stream(request):
+            return None
+        throttled = self.gate.new_stream(self.client)
+        if throttled is None:
+            return None
+        return HTTPStatus(throttled.status), throttled.message, tuple(throttled.headers.items())
 
-def request_problem(request: h11.Request, limits: Limits) -> tuple[HTTPStatus, str] | None:
+
+def new_stream(request: h11.Request) -> bool:
+    """A websocket upgrade that is not a resume."""
+    names = {name for name, _ in request.headers}
+    return b"upgrade" in names and _RESUME_HEADER not in names
+
+
+def request_problem(request: h11.Request, limits: Limits) -> Problem | None:
     if len(request.target) > limits.max_url_bytes:
         return HTTPStatus.REQUEST_URI_TOO_LONG, (
-            f"URL of {len(request.target)} bytes is over the limit of {limits.max_url_bytes}")
+            f"URL of {len(request.target)} bytes is over the limit of {limits.max_url_bytes}"), ()
     if len(request.headers) > limits.max_headers:
         return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, (
-            f"{len(request.headers)} header lines are over the limit of {limits.max_headers}")
+            f"{len(request.headers)} header lines are over the limit of {limits.max_headers}"), ()
     longest = max((len(name) + len(value) + 2 for name, value in request.headers), default=0)
     if longest > MAX_LINE_BYTES:
         return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, (
-            f"a header line of {longest} bytes is over the limit of {MAX_LINE_BYTES}")
+            f"a header line of {longest} bytes is over the limit of {MAX_LINE_BYTES}"), ()
     return None
 
 
 class H11Protocol(h11_impl.H11Protocol):
-    """uvicorn's h11 protocol with a connection cap, a head deadline and bounded
-    requests (431, 414)."""
+    """uvicorn's h11 protocol with a connection cap, a head deadline, bounded requests
+    (431, 414) and a gate for new streams (429)."""
 
     limits = Limits()
+    gate: StreamGate | None = None
     head_timer: asyncio.TimerHandle | None = None
+    hold_timer: asyncio.TimerHandle | None = None
     refused = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.conn = Connection(self.limits)
+        self.conn = Connection(self.limits, self.gate)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        assert isinstance(self.conn, Connection)
+        self.conn.client = self.client[0] if self.client else ""
         if len(self.connections) > self.limits.max_connections:
             self.refuse(HTTPStatus.SERVICE_UNAVAILABLE,
                         f"over {self.limits.max_connections} connections; try again later")
@@ -182,7 +228,10 @@ class H11Protocol(h11_impl.H11Protocol):
         if self.refused:
             return
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        assert isinstance(self.conn, Connection)
+        if self.conn.throttled is not None:
+            self._hold(self.conn.throttled)
+        elif self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             if self.head_timer is None:  # a head has begun on a kept-alive connection
                 self._arm_head_timer()
         else:
@@ -190,7 +239,16 @@ class H11Protocol(h11_impl.H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        if self.hold_timer is not None:
+            self.hold_timer.cancel()
         super().connection_lost(exc)
+
+    def _hold(self, problem: Problem) -> None:
+        """Answer a throttled request after ``THROTTLED_HOLD_S``, reading nothing more."""
+        self.refused = True
+        self._disarm_head_timer()
+        self.transport.pause_reading()
+        self.hold_timer = self.loop.call_later(THROTTLED_HOLD_S, self.refuse, *problem)
 
     def send_400_response(self, msg: str) -> None:
         assert isinstance(self.conn, Connection)
@@ -203,11 +261,16 @@ class H11Protocol(h11_impl.H11Protocol):
             return
         super().send_400_response(msg)
 
-    def refuse(self, status: HTTPStatus, text: str) -> None:
+    def refuse(self, status: HTTPStatus, text: str,
+               headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.refused = True
         self._disarm_head_timer()
-        self.logger.info("%s refused: %d %s", framing.peer(self.client), status.value, text)
-        self.transport.write(refusal(status, text))
+        # Over the rate a client is refused hundreds of times a second: no log line each
+        # (the metrics count them).
+        level = logging.DEBUG if status is HTTPStatus.TOO_MANY_REQUESTS else logging.INFO
+        self.logger.log(level, "%s refused: %d %s", framing.peer(self.client), status.value,
+                        text)
+        self.transport.write(refusal(status, text, headers))
         self.transport.close()
 
     def _arm_head_timer(self) -> None:

@@ -53,7 +53,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "fixed-routers": {
         "router": {
             "replicas": 3, "policy": "spread", "queueTimeoutSeconds": 2.5, "queueMax": 50,
-            "queueMaxPerKey": 5,
+            "queueMaxPerKey": 5, "newStreamsPerSecond": 20, "newStreamsBurst": 40,
             "defaultPool": "stt-en", "resumeGraceSeconds": 60, "sessionLeaseMs": 6000,
             "logLevel": "warning", "preStopSleepSeconds": 10, "workers": 2,
             "terminationGracePeriodSeconds": 20, "gpuHourPrice": 2.5, "gpusPerPod": 2,

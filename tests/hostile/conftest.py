@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -66,9 +68,10 @@ class Platform:
             client.close()
 
 
-@pytest.fixture(scope="package")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    workdir = tmp_path_factory.mktemp("hostile-io")
+@contextlib.contextmanager
+def running(workdir: Path, pod_flags: tuple[str, ...] = (),
+            router_flags: tuple[str, ...] = ()) -> Iterator[Platform]:
+    """Redis, the pod and the router (with these extra flags each)."""
     key_file = workdir / "keys.json"
     key_file.write_text(json.dumps(
         {"keys": [{"id": "hostile", "sha256": auth.hash_key(API_KEY), "max_streams": 8}]}))
@@ -77,10 +80,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     redis.start()
     pod = support.pod(redis.url, workdir, "hostile", 2, "default",
                       "--send-timeout-seconds", str(SEND_TIMEOUT_S),
-                      "--handshake-timeout-seconds", str(HANDSHAKE_TIMEOUT_S), *limits)
+                      "--handshake-timeout-seconds", str(HANDSHAKE_TIMEOUT_S), *limits, *pod_flags)
     router = support.router(redis.url, workdir, "--api-keys-file", str(key_file),
                             "--send-timeout-seconds", str(SEND_TIMEOUT_S),
-                            "--handshake-timeout-seconds", str(HANDSHAKE_TIMEOUT_S), *limits)
+                            "--handshake-timeout-seconds", str(HANDSHAKE_TIMEOUT_S), *limits,
+                            *router_flags)
     try:
         pod.start()
         pod.wait_ready()
@@ -92,6 +96,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         router.kill()
         pod.stop()
         redis.stop()
+
+
+@pytest.fixture(scope="package")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    with running(tmp_path_factory.mktemp("hostile-io")) as started:
+        yield started
 
 
 @pytest.fixture(params=["pod", "router"])

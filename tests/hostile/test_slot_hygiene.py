@@ -55,6 +55,27 @@ def test_next_user_of_a_poisoned_slot_equals_a_fresh_engine(tiny: models.LoadedM
     assert after == fresh
 
 
+def test_slots_reset_together_are_each_clean(tiny: models.LoadedModel) -> None:
+    """The engine resets the new streams of one batch in one call: each of them, and
+    only them, starts fresh (a third slot mid-stream goes on as it would have)."""
+    frames = streams.frames_of(streams.random_speechlike(STEPS * 0.08, seed=23))[:STEPS]
+    other = streams.frames_of(streams.random_speechlike(STEPS * 0.16, seed=24))[:2 * STEPS]
+    with engine.BatchedEngine(tiny, 3) as eng:
+        fresh = [(token, codes) for token, codes, _ in _stream(eng, 0, frames)]
+        unbroken = [(token, codes) for token, codes, _ in _stream(eng, 2, other)]
+    with engine.BatchedEngine(tiny, 3) as eng:
+        _poison(eng, 0)
+        _poison(eng, 1)
+        eng.reset_slot(2)
+        before = [eng.step({2: frame}) for frame in other[:STEPS]]
+        eng.reset_slots([0, 1])
+        pairs = zip(frames, other[STEPS:], strict=True)
+        after = [eng.step({0: new, 1: new, 2: old}) for new, old in pairs]
+    for slot in (0, 1):
+        assert [(r.text_tokens[slot], r.audio_codes[slot]) for r in after] == fresh
+    assert [(r.text_tokens[2], r.audio_codes[2]) for r in before + after] == unbroken
+
+
 @pytest.mark.parametrize("sample", [3e38, -3e38, 1e6, protocol.MAX_AMPLITUDE * 1.01])
 def test_samples_beyond_full_scale_are_refused(sample: float) -> None:
     pcm = [0.0] * 10 + [sample]

@@ -25,6 +25,25 @@ def test_frames_cross_message_boundaries_and_markers_count_full_frames() -> None
     assert buffers.received(1) == 5000
 
 
+def test_a_stream_without_audio_gives_the_engine_nothing_to_do() -> None:
+    """Its reset waits for its first frame or marker: a client that connects and leaves
+    (churn) costs the engine no reset; the reset then comes in the frame's batch."""
+    buffers = slots.SlotBuffers(2)
+    buffers.start(0)
+    buffers.start(1)
+    buffers.stop(1)  # connected and left
+    assert not buffers.pending()
+    buffers.push_audio(0, np.zeros(1000, dtype=np.float32))
+    assert not buffers.pending()  # less than a frame
+    buffers.push_marker(0, 4)
+    batch = buffers.take(timeout=0)
+    assert batch is not None
+    assert (batch.resets, batch.markers, list(batch.frames)) == ([0], [(0, 4, 0)], [])
+    buffers.push_audio(0, np.zeros(1920, dtype=np.float32))
+    batch = buffers.take(timeout=0)
+    assert batch is not None and (batch.resets, list(batch.frames)) == ([], [0])
+
+
 def test_stop_drops_buffered_audio_and_start_bumps_the_generation() -> None:
     buffers = slots.SlotBuffers(1)
     first = buffers.start(0)
@@ -60,7 +79,9 @@ def test_restart_keeps_audio_markers_and_generation() -> None:
     """Init (as moshi-server): the model row resets, what the stream had queued stays."""
     buffers = slots.SlotBuffers(1)
     generation = buffers.start(0)
-    assert buffers.take(timeout=0) is not None  # the start's reset
+    buffers.push_audio(0, np.zeros(1920, dtype=np.float32))
+    first = buffers.take(timeout=0)
+    assert first is not None and first.resets == [0]  # the start's reset, with its frame
     buffers.push_audio(0, np.zeros(3 * 1920, dtype=np.float32))
     buffers.push_marker(0, 5)
     buffers.restart(0)

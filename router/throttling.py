@@ -1,0 +1,42 @@
+"""New streams per second per client address and per API key, checked before any
+admission or upgrade work: a client that opens and closes streams as fast as it can
+gets HTTP 429 (with ``Retry-After``) and costs neither Redis nor a pod.
+
+A refusal here is no demand for the pool: nothing is written to Redis, so
+``asrpool:pool:{pool}:refused`` (what the operator scales on) does not count it.
+Each router process keeps its own buckets (``--workers`` processes share a port).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from asrpool.common import rates
+
+
+class NewStreams:
+    """The router's gate (``limits.StreamGate``, asked from the request head) and its
+    per-key check (asked once the key is known); ``on_refused`` counts each refusal."""
+
+    def __init__(self, rate: float, burst: float, on_refused: Callable[[], None] = lambda: None,
+                 clock: rates.Clock = time.monotonic) -> None:
+        """``rate`` 0: no limit."""
+        self.rate = rate
+        self._on_refused = on_refused
+        self._addresses = rates.KeyedBuckets(rate, burst, clock) if rate else None
+        self._keys = rates.KeyedBuckets(rate, burst, clock) if rate else None
+
+    def new_stream(self, address: str) -> rates.Throttled | None:
+        """Before authentication: a flood of bad keys is throttled too."""
+        return self._take(self._addresses, address, f"from {address[:64]}")
+
+    def of_key(self, key_id: str) -> rates.Throttled | None:
+        return self._take(self._keys, key_id, f"of API key {key_id!r}") if key_id else None
+
+    def _take(self, buckets: rates.KeyedBuckets | None, key: str,
+              who: str) -> rates.Throttled | None:
+        if buckets is None or buckets.take(key):
+            return None
+        self._on_refused()
+        return rates.too_many_streams(buckets.rate, who, buckets.seconds_until(key))
