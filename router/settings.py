@@ -13,7 +13,7 @@ import pydantic
 import pydantic_settings
 
 from asrpool.common import limits, redis_clients, registry
-from asrpool.router import policies
+from asrpool.router import forwarding, policies
 
 
 def _router_id() -> str:
@@ -99,6 +99,17 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         " one API key, per worker (else HTTP 429; 0: any number)")
     new_streams_burst: float = pydantic.Field(
         default=100.0, ge=1, description="new streams one client may save up")
+    # Behind a load balancer or an ingress every client has its address: name them, and
+    # the limit per address follows their X-Forwarded-For (router.forwarding).
+    forwarded_allow_ips: str = pydantic.Field(
+        default="", description="proxies in front of the router whose X-Forwarded-For names"
+        " the client, for the limit per address: comma-separated addresses or networks, or *")
+
+    @pydantic.field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies_parse(cls, value: str) -> str:
+        forwarding.TrustedProxies(value)  # a ValueError names the bad entry
+        return value
     # What a pool costs, for /api/pools and the dashboard: dollars per GPU-hour (None:
     # no cost shown) and GPUs per server pod (the pools' resources.gpus).
     gpu_hour_price: float | None = pydantic.Field(

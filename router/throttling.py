@@ -10,9 +10,10 @@ Each router process keeps its own buckets (``--workers`` processes share a port)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from asrpool.common import rates
+from asrpool.router import forwarding
 
 
 class NewStreams:
@@ -20,16 +21,22 @@ class NewStreams:
     per-key check (asked once the key is known); ``on_refused`` counts each refusal."""
 
     def __init__(self, rate: float, burst: float, on_refused: Callable[[], None] = lambda: None,
-                 clock: rates.Clock = time.monotonic) -> None:
-        """``rate`` 0: no limit."""
+                 clock: rates.Clock = time.monotonic,
+                 proxies: forwarding.TrustedProxies | None = None) -> None:
+        """``rate`` 0: no limit. Behind ``proxies`` the client is the one they name."""
         self.rate = rate
+        self.proxies = proxies or forwarding.TrustedProxies("")
         self._on_refused = on_refused
         self._addresses = rates.KeyedBuckets(rate, burst, clock) if rate else None
         self._keys = rates.KeyedBuckets(rate, burst, clock) if rate else None
 
-    def new_stream(self, address: str) -> rates.Throttled | None:
+    def new_stream(self, address: str, headers: Sequence[tuple[bytes, bytes]] = ()
+                   ) -> rates.Throttled | None:
         """Before authentication: a flood of bad keys is throttled too."""
-        return self._take(self._addresses, address, f"from {address[:64]}")
+        if self._addresses is None:
+            return None
+        client = self.proxies.client(address, headers)
+        return self._take(self._addresses, client, f"from {client}")
 
     def of_key(self, key_id: str) -> rates.Throttled | None:
         return self._take(self._keys, key_id, f"of API key {key_id!r}") if key_id else None

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 
 from asrpool.common import auth, heap, rates, redis_clients
-from asrpool.router import admissions, leasing, metrics, settings, throttling
+from asrpool.router import admissions, forwarding, leasing, metrics, settings, throttling
 
 
 @dataclasses.dataclass
@@ -44,7 +44,8 @@ def build(config: settings.RouterSettings) -> Deps:
         meters=meters,
         new_streams=throttling.NewStreams(
             config.new_streams_per_second, config.new_streams_burst,
-            meters.rejections.labels(rates.TOO_MANY_STREAMS).inc),
+            meters.rejections.labels(rates.TOO_MANY_STREAMS).inc,
+            proxies=forwarding.TrustedProxies(config.forwarded_allow_ips)),
     )
 
 

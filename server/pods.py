@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
 
@@ -142,7 +142,8 @@ class Pod:
             return None if keys.find(plain) is not None else protocol.UNAUTHORIZED
         return None
 
-    def new_stream(self, address: str) -> rates.Throttled | None:
+    def new_stream(self, address: str, headers: Sequence[tuple[bytes, bytes]]
+                   ) -> rates.Throttled | None:
         """Why a new stream is refused from its request head (HTTP 429, by the gate of
         ``limits.uvicorn_options``): over the process's new streams per second, whoever
         asks (a pod's clients are its routers)."""

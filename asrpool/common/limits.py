@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Annotated, Any, Protocol
 
@@ -113,8 +114,10 @@ class StreamSettings(pydantic.BaseModel):
 
 
 class StreamGate(Protocol):
-    def new_stream(self, address: str) -> rates.Throttled | None:
-        """Why a new stream from ``address`` is refused now (counted), or None."""
+    def new_stream(self, address: str, headers: Sequence[tuple[bytes, bytes]]
+                   ) -> rates.Throttled | None:
+        """Why a new stream from ``address`` (the peer's) with these request headers is
+        refused now (counted), or None."""
 
 
 # (status, text, extra headers) of a request refused from its head
@@ -174,7 +177,7 @@ class Connection(h11.Connection):
     def _gated(self, request: h11.Request) -> Problem | None:
         if self.gate is None or not new_stream(request):
             return None
-        throttled = self.gate.new_stream(self.client)
+        throttled = self.gate.new_stream(self.client, request.headers)
         if throttled is None:
             return None
         return HTTPStatus(throttled.status), throttled.message, tuple(throttled.headers.items())

@@ -77,8 +77,9 @@ def test_the_router_reads_its_rendered_command_and_environment(
     assert config.resume_grace_seconds == values["resumeGraceSeconds"]
     assert (config.queue_max, config.queue_max_per_key) == (values["queueMax"],
                                                             values["queueMaxPerKey"])
-    assert (config.new_streams_per_second, config.new_streams_burst) == (
-        values["newStreamsPerSecond"], values["newStreamsBurst"])
+    assert (config.new_streams_per_second, config.new_streams_burst,
+            config.forwarded_allow_ips) == (
+        values["newStreamsPerSecond"], values["newStreamsBurst"], values["forwardedAllowIps"])
     assert config.gpu_hour_price == values.get("gpuHourPrice")  # null drops the key
     assert config.gpus_per_pod == values["gpusPerPod"]
     assert config.workers == values["workers"]
