@@ -35,7 +35,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from asrpool.bench import router as router_bench
-from asrpool.bench import wsload
+from asrpool.bench import stats, wsload
 from asrpool.common import processes, protocol, registry
 
 NGINX_CONF = """worker_processes 1;
@@ -190,7 +190,7 @@ def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]
     elapsed = time.monotonic() - t0
     messages = int(run["messages_sent"])
     time.sleep(1.0)  # sessions settle
-    return {**run, "rtt": router_bench.percentiles(rtts), "cpu_s": cpu,
+    return {**run, "rtt": stats.percentiles(rtts), "cpu_s": cpu,
             "cpu_cores": cpu / elapsed,
             "cpu_per_message_ms": cpu / messages * 1e3 if messages else math.nan}
 

@@ -30,7 +30,6 @@ import math
 import multiprocessing
 import os
 import platform
-import statistics
 import subprocess
 import tempfile
 import time
@@ -41,6 +40,7 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 
+from asrpool.bench import stats
 from asrpool.client import local
 from asrpool.common import processes, protocol, registry
 from asrpool.router import admissions, settings, tokens
@@ -65,18 +65,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--router-arg", action="append", default=[],
                         help="extra flag for the router under --baseline (repeatable)")
     return parser.parse_args(argv)
-
-
-def percentiles(samples: list[float]) -> dict[str, float | int]:
-    if not samples:
-        return {"n": 0}
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"n": len(ordered), "p50_ms": at(0.5) * 1e3, "p99_ms": at(0.99) * 1e3,
-            "max_ms": ordered[-1] * 1e3, "mean_ms": statistics.fmean(ordered) * 1e3}
 
 
 # Admission
@@ -140,7 +128,7 @@ def bench_admission(opts: argparse.Namespace) -> dict[str, Any]:
     samples = [x for run in runs for x in run]
     return {"routers": opts.routers, "in_flight_per_router": opts.in_flight,
             "fake_pods": opts.fake_pods, "admissions_per_s": len(samples) / elapsed,
-            "admit": percentiles(samples)}
+            "admit": stats.percentiles(samples)}
 
 
 # Proxying
@@ -249,7 +237,7 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
                     elapsed += time.monotonic() - t0
                 time.sleep(1.0)  # let the last streams' slots free
         relayed = relayed_messages(f"http://127.0.0.1:{plat.port}/metrics")
-    rtt = {mode: percentiles(samples) for mode, samples in rtts.items()}
+    rtt = {mode: stats.percentiles(samples) for mode, samples in rtts.items()}
     added = {q: rtt["routed"].get(q, math.nan) - rtt["direct"].get(q, math.nan)
              for q in ("p50_ms", "p99_ms")}
     return {"streams": count, "pods": opts.pods, "slots_per_pod": slots, "runs": runs,

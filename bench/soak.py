@@ -47,7 +47,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import threading
 import time
 import urllib.request
@@ -61,7 +60,7 @@ import redis
 import websockets
 from websockets.asyncio import client as ws_client
 
-from asrpool.bench import attacks
+from asrpool.bench import attacks, stats
 from asrpool.client import local
 from asrpool.common import processes, protocol
 from asrpool.router import keys
@@ -104,19 +103,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results")
     return parser.parse_args(argv)
-
-
-def percentiles(samples: list[float]) -> dict[str, float | int]:
-    if not samples:
-        return {"n": 0}
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 2)
-
-    return {"n": len(ordered), "p50_ms": at(0.5), "p99_ms": at(0.99),
-            "max_ms": round(ordered[-1] * 1e3, 2),
-            "mean_ms": round(statistics.fmean(ordered) * 1e3, 2)}
 
 
 # The targets
@@ -502,7 +488,7 @@ async def phase(name: str, neighbour: Neighbour, attack: Callable[[], Any]) -> d
     result = await attack()
     print(f"{name}: {json.dumps(result)}", flush=True)
     return {"attack": name, "seconds": round(time.monotonic() - started, 1), "result": result,
-            "neighbour": percentiles(neighbour.take())}
+            "neighbour": stats.percentiles(neighbour.take(), digits=2)}
 
 
 async def settle(neighbour: Neighbour, threshold: float, timeout: float) -> float:

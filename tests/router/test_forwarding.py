@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from asrpool.router import forwarding, settings, throttling
@@ -56,7 +58,7 @@ def test_each_client_behind_the_proxy_has_its_own_budget() -> None:
 
 
 def test_a_malformed_proxy_list_is_refused_naming_the_entry() -> None:
-    with pytest.raises(ValueError, match="not an address or network: '10.0.0.300'"):
+    with pytest.raises(ValueError, match=re.escape("not an address or network: '10.0.0.300'")):
         forwarding.TrustedProxies("10.0.0.1, 10.0.0.300")
-    with pytest.raises(ValueError, match="10.0.0.300"):
+    with pytest.raises(ValueError, match=re.escape("10.0.0.300")):
         settings.RouterSettings(forwarded_allow_ips="10.0.0.300")
