@@ -10,7 +10,9 @@ written to the other side as they are, on uvloop: the least a Python relay costs
 For each stream count the four phases alternate; each stream sends a message every
 80 ms and times each reply. Written: the added p50/p99 latency of each proxy over
 direct, each proxy's CPU (its processes in /proc) per client message relayed (with its
-reply), and the router's ratios to nginx and to the floor relay, to
+reply) over the whole phase and over its steady part (all streams open: what long
+streams cost; the rest is each stream's opening and closing, given per stream), and the
+router's ratios to nginx and to the floor relay, to
 ``bench/results/router-vs-nginx.json`` (and a PNG when matplotlib is importable).
 nginx is installed with apt-get when missing.
 """
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -179,10 +182,15 @@ class Stack:
 
 
 def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]:
+    """One phase: ``count`` real-time streams for ``seconds``. CPU per message is given
+    over the whole phase (opening and closing the streams included) and over its
+    steady part alone (all streams open: what a long stream costs per message); what
+    is left of the whole is each stream's opening and closing."""
     import uvloop
 
     pid = getattr(stack, f"{mode}_pid", None) if mode != "direct" else None
     rtts: list[float] = []
+    steady = _SteadyWindow(pid, rtts, seconds) if pid else None
     cpu0, t0 = (tree_cpu(pid) if pid else 0.0), time.monotonic()
     run = uvloop.run(wsload.run_streams("127.0.0.1", stack.ports[
         "backend" if mode == "direct" else mode], protocol.STREAMING_PATH, count, seconds, rtts))
@@ -190,9 +198,38 @@ def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]
     elapsed = time.monotonic() - t0
     messages = int(run["messages_sent"])
     time.sleep(1.0)  # sessions settle
+    per_message = steady.cpu_per_message() if steady else math.nan
     return {**run, "rtt": stats.percentiles(rtts), "cpu_s": cpu,
             "cpu_cores": cpu / elapsed,
-            "cpu_per_message_ms": cpu / messages * 1e3 if messages else math.nan}
+            "cpu_per_message_ms": cpu / messages * 1e3 if messages else math.nan,
+            "steady_cpu_per_message_ms": per_message * 1e3,
+            "open_close_cpu_per_stream_ms": (cpu - per_message * messages) / count * 1e3}
+
+
+class _SteadyWindow:
+    """The proxy's CPU and the replies counted from ``STEADY_FROM_S`` into a phase (all
+    its streams open) until half a second before its streams stop sending."""
+
+    STEADY_FROM_S = 2.0
+
+    def __init__(self, pid: int, rtts: list[float], seconds: float) -> None:
+        self.pid, self.rtts = pid, rtts
+        self.marks: list[tuple[float, int]] = []
+        self.timers = [threading.Timer(at, self._mark)
+                       for at in (self.STEADY_FROM_S, max(self.STEADY_FROM_S + 1, seconds - 0.5))]
+        for timer in self.timers:
+            timer.start()
+
+    def _mark(self) -> None:
+        self.marks.append((tree_cpu(self.pid), len(self.rtts)))
+
+    def cpu_per_message(self) -> float:
+        for timer in self.timers:
+            timer.join()
+        if len(self.marks) < 2 or self.marks[1][1] <= self.marks[0][1]:
+            return math.nan
+        (cpu0, replies0), (cpu1, replies1) = self.marks
+        return (cpu1 - cpu0) / (replies1 - replies0)
 
 
 def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, Any]:
@@ -202,7 +239,9 @@ def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, 
         for mode in orders[r % 2]:
             phases[mode].append(phase(stack, mode, count, seconds))
             print(f"{count} streams, {mode}: {json.dumps(phases[mode][-1]['rtt'])}, "
-                  f"cpu/msg {phases[mode][-1]['cpu_per_message_ms']:.4f} ms", flush=True)
+                  f"cpu/msg {phases[mode][-1]['cpu_per_message_ms']:.4f} ms, steady "
+                  f"{phases[mode][-1].get('steady_cpu_per_message_ms', math.nan):.4f} ms",
+                  flush=True)
 
     def mean(mode: str, field: str) -> float:
         values = [p["rtt"].get(field, math.nan) if field in ("p50_ms", "p99_ms") else p[field]
@@ -215,12 +254,15 @@ def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, 
             "added_p50_ms": mean(proxy, "p50_ms") - mean("direct", "p50_ms"),
             "added_p99_ms": mean(proxy, "p99_ms") - mean("direct", "p99_ms"),
             "cpu_per_message_ms": mean(proxy, "cpu_per_message_ms"),
+            "steady_cpu_per_message_ms": mean(proxy, "steady_cpu_per_message_ms"),
+            "open_close_cpu_per_stream_ms": mean(proxy, "open_close_cpu_per_stream_ms"),
             "cpu_cores": mean(proxy, "cpu_cores"),
         }
     for anchor in ("nginx", "floor"):
         out[f"router_over_{anchor}"] = {
             field: _ratio(out["router"][field], out[anchor][field])
-            for field in ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms")
+            for field in ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms",
+                          "steady_cpu_per_message_ms", "open_close_cpu_per_stream_ms")
         }
     return out
 
@@ -238,8 +280,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     except ImportError:
         return
     rows = result["runs"]
-    fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.5))
-    for ax, field in zip(axes, ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms"), strict=True):
+    fig, axes = pyplot.subplots(1, 4, figsize=(16, 3.5))
+    fields = ("added_p50_ms", "added_p99_ms", "cpu_per_message_ms", "steady_cpu_per_message_ms")
+    for ax, field in zip(axes, fields, strict=True):
         for offset, proxy in zip((-0.27, 0.0, 0.27), PROXIES, strict=True):
             ax.bar([i + offset for i in range(len(rows))], [r[proxy][field] for r in rows],
                    0.27, label=proxy)
