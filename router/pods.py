@@ -54,8 +54,8 @@ def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict
     """The router always asks the pod to keep a stream whose link drops: its own
     clients resume through any router."""
     out = {protocol.RESUMABLE_HEADER: "1"}
-    if config.pod_token:
-        out[protocol.POD_TOKEN_HEADER] = config.pod_token
+    if config.pod_token is not None and config.pod_token.get_secret_value():
+        out[protocol.POD_TOKEN_HEADER] = config.pod_token.get_secret_value()
     if pod_resume_token:
         out[protocol.RESUME_TOKEN_HEADER] = pod_resume_token
     return out

@@ -47,7 +47,9 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=1000, ge=1, description="waiters one pool's queue holds at most")
     queue_max_per_key: int = pydantic.Field(
         default=100, ge=0, description="waiters of one API key in a pool's queue at most (0: any)")
-    pod_token: str | None = pydantic.Field(
+    # A secret, so never a flag (ps shows every process's arguments): the variable only,
+    # which the chart sets from its Secret.
+    pod_token: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="shared secret sent to pods in the asrpool-pod-token header")
     default_pool: str = pydantic.Field(
         default=registry.DEFAULT_POOL, description="pool for clients that name none")

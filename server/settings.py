@@ -63,7 +63,9 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # Who may connect.
     api_keys_file: Path | None = pydantic.Field(
         default=None, description="hashed API key file; clients then need a key")
-    pod_token: str | None = pydantic.Field(
+    # A secret, so never a flag (ps shows every process's arguments): the variable only,
+    # which the operator sets from the pool's Secret.
+    pod_token: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="shared secret routers send in asrpool-pod-token")
 
     # Per-stream limits and timers.

@@ -169,6 +169,7 @@ def test_the_server_pods_the_operator_builds_read_their_command_and_environment(
     loaded = server_settings.ServerSettings()
     assert loaded.pool == "asr-system/stt-first" and loaded.batch_size == 32
     assert loaded.redis_url == config.server_redis_url
-    assert loaded.pod_token == "secret-demo-asrpool-pod-token-token"
+    assert loaded.pod_token is not None
+    assert loaded.pod_token.get_secret_value() == "secret-demo-asrpool-pod-token-token"
     assert {"ASRPOOL_MODEL_REVISION", "ASRPOOL_API_KEYS_FILE"} <= set(env)
     assert server["image"] == config.default_image == "ghcr.io/asrpool/asrpool:0.1.0"

@@ -189,13 +189,13 @@ EARLIER_FLAGS = {
     " --host --idle-timeout-seconds --log-level --max-buffer-seconds --max-connections"
     " --max-head-bytes --max-headers --max-message-bytes --max-messages-per-second"
     " --max-pending-markers --max-upload-bytes --max-url-bytes --message-burst --model"
-    " --model-revision --ping-interval-seconds --ping-timeout-seconds --pod-id --pod-token"
+    " --model-revision --ping-interval-seconds --ping-timeout-seconds --pod-id"
     " --pool --port --redis-password-file --redis-url --resume-grace-seconds"
     " --send-timeout-seconds --torch-threads",
     "route": "--api-keys-file --default-pool --gpu-hour-price --gpus-per-pod"
     " --handshake-timeout-seconds --host --log-level --max-connections --max-head-bytes"
     " --max-headers --max-message-bytes --max-upload-bytes --max-url-bytes"
-    " --ping-interval-seconds --ping-timeout-seconds --pod-token --policy --pool-namespace"
+    " --ping-interval-seconds --ping-timeout-seconds --policy --pool-namespace"
     " --port --queue-max --queue-max-per-key --queue-timeout-seconds --redis-password-file"
     " --redis-url --resume-grace-seconds --router-id --send-timeout-seconds"
     " --session-lease-ms --workers",
@@ -211,7 +211,8 @@ COMMANDS = {
     "operator": operator_settings.OperatorSettings,
 }
 # Fields that are no flag, on purpose (secrets: a command line is visible on the host).
-NOT_FLAGS = {"redis_password"}
+# --pod-token was a flag until it became a SecretStr: ASRPOOL_POD_TOKEN only.
+NOT_FLAGS = {"redis_password", "pod_token"}
 
 
 def _help(command: str, monkeypatch: pytest.MonkeyPatch,
@@ -253,3 +254,13 @@ def test_no_command_takes_the_redis_password_as_a_flag(
             cli.build_parser().parse_args([command, "--redis-password", "hunter2"])
         assert info.value.code == 2
     assert "unrecognized arguments: --redis-password" in capsys.readouterr().err
+
+
+def test_no_pod_or_router_takes_the_pod_token_as_a_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for command in ("serve", "route"):
+        with pytest.raises(SystemExit) as info:
+            cli.build_parser().parse_args([command, "--pod-token", "hunter2"])
+        assert info.value.code == 2
+    assert "unrecognized arguments: --pod-token" in capsys.readouterr().err

@@ -33,7 +33,8 @@ def _key_file(workdir: Path) -> Path:
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
     workdir = tmp_path_factory.mktemp("secret-pod")
     with servers.ServerProcess(workdir, batch_size=1, args=[
-            "--api-keys-file", str(_key_file(workdir)), "--pod-token", POD_TOKEN]) as server:
+            "--api-keys-file", str(_key_file(workdir))],
+            env={"ASRPOOL_POD_TOKEN": POD_TOKEN}) as server:
         server.wait_ready()
         yield server
 

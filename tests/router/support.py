@@ -124,7 +124,8 @@ class Process:
 
 
 class RouterProcess(Process):
-    def __init__(self, redis_url: str, workdir: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(self, redis_url: str, workdir: Path, *extra: str, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         args = [
             sys.executable,
@@ -144,7 +145,7 @@ class RouterProcess(Process):
             *(() if "--workers" in extra else ("--workers", "1")),
             *extra,
         ]
-        super().__init__(args, workdir / f"router-{self.port}.log")
+        super().__init__(args, workdir / f"router-{self.port}.log", env)
 
     @property
     def url(self) -> str:
@@ -181,14 +182,13 @@ def pod(
         pool,
         "--advertise-address",
         f"127.0.0.1:{port}",
-        "--pod-token",
-        POD_TOKEN,
         "--resume-grace-seconds",
         str(POD_GRACE_S),
         *extra,
     ]
     return servers.ServerProcess(
-        workdir, batch_size=slots, args=args, port=port, pod_id=pod_id, env={"OMP_NUM_THREADS": "1"}
+        workdir, batch_size=slots, args=args, port=port, pod_id=pod_id,
+        env={"OMP_NUM_THREADS": "1", "ASRPOOL_POD_TOKEN": POD_TOKEN},
     )
 
 
@@ -201,8 +201,8 @@ def pods_in_view(router: RouterProcess, pool: str = "default") -> int:
 
 def router(redis_url: str, workdir: Path, *extra: str) -> RouterProcess:
     return RouterProcess(
-        redis_url, workdir, "--pod-token", POD_TOKEN, "--resume-grace-seconds", str(POD_GRACE_S),
-        *extra
+        redis_url, workdir, "--resume-grace-seconds", str(POD_GRACE_S), *extra,
+        env={"ASRPOOL_POD_TOKEN": POD_TOKEN},
     )
 
 

@@ -17,12 +17,13 @@ KEY = "secret-key-a"
 POD_TOKEN = "router-shared-secret"
 
 
-def _keyed(factory: pytest.TempPathFactory, *args: str) -> Iterator[servers.ServerProcess]:
+def _keyed(factory: pytest.TempPathFactory, env: dict[str, str] | None = None
+           ) -> Iterator[servers.ServerProcess]:
     workdir = factory.mktemp("keyed")
     keys = workdir / "keys.yaml"
     keys.write_text(f"keys:\n  - id: team-a\n    sha256: {auth.hash_key(KEY)}\n")
-    with servers.ServerProcess(workdir, batch_size=1, args=[
-            "--api-keys-file", str(keys), *args]) as server:
+    with servers.ServerProcess(workdir, batch_size=1, args=["--api-keys-file", str(keys)],
+                               env=env) as server:
         server.wait_ready()
         yield server
 
@@ -30,7 +31,7 @@ def _keyed(factory: pytest.TempPathFactory, *args: str) -> Iterator[servers.Serv
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
     """API keys and a pod token, as the pods of a keyed pool."""
-    yield from _keyed(tmp_path_factory, "--pod-token", POD_TOKEN)
+    yield from _keyed(tmp_path_factory, {"ASRPOOL_POD_TOKEN": POD_TOKEN})
 
 
 @pytest.fixture(scope="module")
