@@ -13,7 +13,7 @@ import logging
 
 import msgpack
 
-from asrpool.common import protocol, rates
+from asrpool.common import auth, protocol, rates
 from asrpool.router import links, settings
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,9 @@ def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict
     """The router always asks the pod to keep a stream whose link drops: its own
     clients resume through any router."""
     out = {protocol.RESUMABLE_HEADER: "1"}
-    if config.pod_token is not None and config.pod_token.get_secret_value():
-        out[protocol.POD_TOKEN_HEADER] = config.pod_token.get_secret_value()
+    token = auth.revealed(config.pod_token)
+    if token is not None:
+        out[protocol.POD_TOKEN_HEADER] = token
     if pod_resume_token:
         out[protocol.RESUME_TOKEN_HEADER] = pod_resume_token
     return out

@@ -61,7 +61,7 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
         return
     throttled = deps.new_streams.of_key(key.id) if resume_text is None else None
     if throttled is not None:  # its address was checked from the request head already
-        await throttle(ws, throttled, deps)
+        await throttle(ws, throttled)
         return
     conn = uuid.uuid4().hex
     if resume_text is not None:
@@ -70,8 +70,7 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
         await _start(ws, pool or deps.config.default_pool, key, conn, deps)
 
 
-async def throttle(ws: starlette_ws.WebSocket, throttled: rates.Throttled,
-                   deps: wiring.Deps) -> None:
+async def throttle(ws: starlette_ws.WebSocket, throttled: rates.Throttled) -> None:
     """HTTP 429 before the upgrade; nothing is written to Redis (no demand for the pool)."""
     await ws.send_denial_response(responses.PlainTextResponse(
         throttled.message, throttled.status, throttled.headers))

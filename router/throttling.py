@@ -24,7 +24,6 @@ class NewStreams:
                  clock: rates.Clock = time.monotonic,
                  proxies: forwarding.TrustedProxies | None = None) -> None:
         """``rate`` 0: no limit. Behind ``proxies`` the client is the one they name."""
-        self.rate = rate
         self.proxies = proxies or forwarding.TrustedProxies("")
         self._on_refused = on_refused
         self._addresses = rates.KeyedBuckets(rate, burst, clock) if rate else None

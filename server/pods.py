@@ -132,11 +132,10 @@ class Pod:
         A pod with a pod token admits only requests that carry it: the routers', which
         checked the client's API key already (a router never forwards the key), so no key
         is asked for. A pod without a token checks the API key itself, if it has keys."""
-        token = self.settings.pod_token
-        if token is not None and token.get_secret_value():
+        token = auth.revealed(self.settings.pod_token)
+        if token is not None:
             sent = headers.get(protocol.POD_TOKEN_HEADER)
-            return (None if auth.same_secret(sent, token.get_secret_value())
-                    else protocol.UNAUTHORIZED)
+            return None if auth.same_secret(sent, token) else protocol.UNAUTHORIZED
         keys = self.deps.keys
         if keys is not None:
             plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)

@@ -19,8 +19,12 @@ import hmac
 import logging
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    import pydantic
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -54,6 +58,11 @@ class KeyRing:
             if hmac.compare_digest(key.sha256, digest):
                 match = key
         return match
+
+
+def revealed(secret: pydantic.SecretStr | None) -> str | None:
+    """A secret setting's text, or None when it is unset or empty (no secret then)."""
+    return (secret.get_secret_value() or None) if secret is not None else None
 
 
 def same_secret(given: str | None, expected: str) -> bool:

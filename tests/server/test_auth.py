@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pydantic
 import pytest
 from websockets import exceptions as ws_exceptions
 
@@ -87,3 +88,9 @@ def test_bad_key_file_is_refused_at_start(tmp_path: Path) -> None:
     server = servers.ServerProcess(tmp_path, args=["--api-keys-file", str(keys)]).start()
     assert server.wait(60) != 0
     assert "keys" in server.log()
+
+
+def test_an_empty_or_unset_secret_is_no_secret() -> None:
+    assert auth.revealed(None) is None
+    assert auth.revealed(pydantic.SecretStr("")) is None
+    assert auth.revealed(pydantic.SecretStr("tok")) == "tok"
