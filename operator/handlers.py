@@ -112,7 +112,7 @@ def _register_pods(registry: kopf.OperatorRegistry) -> None:
         context: reconciling.Context = memo.context
         index: kopf.Index[membership.PoolKey, Any] = kwargs[membership.INDEX]  # by its id
         key = (namespace or "", labels[naming.POOL_LABEL])
-        await context.published.publish(context.redis, membership.registry_name(key),
+        await context.published.publish(context.redis, naming.registry_name(*key),
                                         lambda: membership.pool_members(index, key))
 
 

@@ -44,11 +44,6 @@ def index_entry(namespace: str, name: str, labels: Mapping[str, str],
     return {(namespace, labels[naming.POOL_LABEL]): (name, str(ip))}
 
 
-def registry_name(key: PoolKey) -> str:
-    """As ``pools.Pool.registry_name``: ``namespace/name``."""
-    return f"{key[0]}/{key[1]}"
-
-
 @dataclasses.dataclass
 class Published:
     """What this operator last wrote for each pool, and the lock its writes go under."""

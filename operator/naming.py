@@ -20,6 +20,12 @@ DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 SERVER_CONTAINER = "server"
 
 
+def registry_name(namespace: str, pool_name: str) -> str:
+    """The pool in the slot registry: ``namespace/name``, so that pools of one name in
+    two namespaces never share pods (router.poolnames resolves clients' names)."""
+    return f"{namespace}/{pool_name}"
+
+
 def selector(pool_name: str) -> dict[str, str]:
     """The labels that pick a pool's server pods (immutable on a Deployment)."""
     return {NAME_LABEL: SERVER_APP, POOL_LABEL: pool_name}

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from asrpool.operator import sources, templates
+from asrpool.operator import naming, sources, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
 DEFAULT_SLOTS_PER_POD = 8
@@ -137,9 +137,8 @@ class Pool:
 
     @property
     def registry_name(self) -> str:
-        """The pool in the slot registry: ``namespace/name``, so that pools of one name in
-        two namespaces never share pods (router.poolnames resolves clients' names)."""
-        return f"{self.namespace}/{self.name}"
+        """The pool in the slot registry (naming.registry_name)."""
+        return naming.registry_name(self.namespace, self.name)
 
     @property
     def device(self) -> str:

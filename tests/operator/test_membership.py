@@ -97,7 +97,7 @@ def test_an_index_entry_is_a_pod_with_an_ip_under_its_pool() -> None:
         ("ns", "stt"): ("stt-0", "10.0.0.1")}
     assert membership.index_entry("ns", "stt-0", labels, {}) == {}  # out of the index
     assert membership.index_entry("ns", "stt-0", labels, {"podIP": None}) == {}
-    assert membership.registry_name(("ns", "stt")) == "ns/stt"
+    assert naming.registry_name("ns", "stt") == "ns/stt"
     index = {("ns", "stt"): [("stt-0", "10.0.0.1"), ("stt-1", "10.0.0.2")]}
     assert membership.pool_members(index, ("ns", "stt")) == {"stt-0": "10.0.0.1",
                                                              "stt-1": "10.0.0.2"}
