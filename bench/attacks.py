@@ -42,11 +42,6 @@ def masked(payload: bytes) -> bytes:
     return wsload.frame(payload, mask=os.urandom(4))
 
 
-def masked_close(code: int = protocol.CloseCode.NORMAL) -> bytes:
-    """A client's close frame with ``code``."""
-    return wsload.frame(code.to_bytes(2, "big"), opcode=8, mask=os.urandom(4))
-
-
 def audio_frame(samples: int = protocol.FRAME_SIZE, seed: int = 0) -> bytes:
     pcm = (np.random.default_rng(seed).standard_normal(samples) * 0.1).astype(np.float32)
     return client_frame({"type": "Audio", "pcm": pcm.tolist()})

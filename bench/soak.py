@@ -63,7 +63,7 @@ from websockets.asyncio import client as ws_client
 from asrpool.bench import attacks, stats
 from asrpool.client import local
 from asrpool.common import processes, protocol
-from asrpool.router import keys
+from asrpool.router import frames, keys
 
 FRAME_S = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
 ATTACKS = ("non_reader", "header_flood", "query_flood", "half_open", "tiny_frames", "markers",
@@ -420,7 +420,7 @@ async def _churn_once(target: Target) -> str:
     try:
         answer = await _handshake(reader, writer)
         if not answer.startswith("http_"):
-            writer.write(attacks.masked_close())
+            writer.write(frames.close_frame(protocol.CloseCode.NORMAL, mask=os.urandom(4)))
             await _until_closed(reader)
         return answer
     finally:
