@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio import client as ws_client
+from websockets.exceptions import ConnectionClosed
 
 from tests.support import kyutai_client, servers
 
@@ -18,15 +19,30 @@ SECOND = 24_000
 
 
 async def _error_while_streaming(ws: ws_client.ClientConnection) -> dict[str, Any]:
-    """Keep sending silence in real time until the pod ends the stream."""
+    """Keep sending silence in real time until the pod ends the stream.
+
+    The pod may send its ``Error`` and close between two of our sends; the send then
+    fails, and the ``Error`` is still waiting in the receive queue."""
     frame = np.zeros(1920, dtype=np.float32)
     for _ in range(1000):
-        await ws.send(kyutai_client.audio(frame))
+        try:
+            await ws.send(kyutai_client.audio(frame))
+        except ConnectionClosed:
+            return await _error_before_close(ws)
         with contextlib.suppress(asyncio.TimeoutError):
-            while (message := await kyutai_client.receive(ws, 0.08))["type"] != "Error":
-                pass
-            return message
+            return await _error_before_close(ws, 0.08)
     raise AssertionError("the pod never ended the stream")
+
+
+async def _error_before_close(ws: ws_client.ClientConnection,
+                              timeout: float = 30.0) -> dict[str, Any]:
+    """The next ``Error`` the pod sent, skipping other messages."""
+    try:
+        while (message := await kyutai_client.receive(ws, timeout))["type"] != "Error":
+            pass
+    except ConnectionClosed as closed:
+        raise AssertionError(f"the pod closed ({closed}) without an Error") from closed
+    return message
 
 
 async def _send_seconds(ws: ws_client.ClientConnection, seconds: float) -> None:
