@@ -4,45 +4,15 @@ was transcribed, and streams held for a resume are waited for like attached ones
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from websockets.asyncio import client as ws_client
-from websockets.exceptions import ConnectionClosed
 
 from tests.support import kyutai_client, servers
 
 SECOND = 24_000
-
-
-async def _error_while_streaming(ws: ws_client.ClientConnection) -> dict[str, Any]:
-    """Keep sending silence in real time until the pod ends the stream.
-
-    The pod may send its ``Error`` and close between two of our sends; the send then
-    fails, and the ``Error`` is still waiting in the receive queue."""
-    frame = np.zeros(1920, dtype=np.float32)
-    for _ in range(1000):
-        try:
-            await ws.send(kyutai_client.audio(frame))
-        except ConnectionClosed:
-            return await _error_before_close(ws)
-        with contextlib.suppress(asyncio.TimeoutError):
-            return await _error_before_close(ws, 0.08)
-    raise AssertionError("the pod never ended the stream")
-
-
-async def _error_before_close(ws: ws_client.ClientConnection,
-                              timeout: float = 30.0) -> dict[str, Any]:
-    """The next ``Error`` the pod sent, skipping other messages."""
-    try:
-        while (message := await kyutai_client.receive(ws, timeout))["type"] != "Error":
-            pass
-    except ConnectionClosed as closed:
-        raise AssertionError(f"the pod closed ({closed}) without an Error") from closed
-    return message
 
 
 async def _send_seconds(ws: ws_client.ClientConnection, seconds: float) -> None:
@@ -58,7 +28,7 @@ async def test_a_cut_stream_hears_how_far_it_was_transcribed(tmp_path: Path) -> 
             await kyutai_client.expect(ws, "Ready")
             await _send_seconds(ws, 2.0)
             server.signal(signal.SIGTERM)
-            error = await _error_while_streaming(ws)
+            error = await kyutai_client.error_while_streaming(ws)
         assert error["code"] == "draining"
         assert error["message"].startswith("server shutting down")
         assert 2.0 <= error["processed_seconds"] <= error["received_seconds"]
@@ -83,7 +53,7 @@ async def test_a_held_stream_is_waited_for_and_may_come_back(tmp_path: Path) -> 
         async with await kyutai_client.connect(
                 server.ws_url, {"asrpool-resume-token": token}) as again:
             await kyutai_client.expect(again, "Ready")
-            error = await _error_while_streaming(again)
+            error = await kyutai_client.error_while_streaming(again)
         assert error["code"] == "draining"
         assert error["processed_seconds"] >= 1.0
         assert server.wait(30) == 0

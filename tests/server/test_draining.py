@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from pathlib import Path
-
-import numpy as np
 
 from tests.server import conftest, reference
 from tests.support import kyutai_client, polling, redis_servers, servers
@@ -48,16 +45,7 @@ async def test_streams_past_the_grace_period_get_an_error(tmp_path: Path) -> Non
         async with await kyutai_client.connect(server.ws_url) as ws:
             await kyutai_client.expect(ws, "Ready")
             server.signal(signal.SIGTERM)
-            frame = np.zeros(1920, dtype=np.float32)
-            error = None
-            for _ in range(400):  # keep streaming in real time until the pod ends it
-                await ws.send(kyutai_client.audio(frame))
-                with contextlib.suppress(asyncio.TimeoutError):
-                    while (message := await kyutai_client.receive(ws, 0.08))["type"] != "Error":
-                        pass
-                    error = message
-                    break
-            assert error is not None
+            error = await kyutai_client.error_while_streaming(ws, frames=400)
             assert (error["code"], error["message"].split(":")[0]) == (
                 "draining", "server shutting down")
             assert 0 <= error["processed_seconds"] <= error["received_seconds"]

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 from websockets.asyncio import client as ws_client
+from websockets.exceptions import ConnectionClosed
 
 from tests.support import streams
 
@@ -57,6 +58,34 @@ async def receive(ws: ws_client.ClientConnection, timeout: float = 30.0) -> dict
 def stamp(message: dict[str, Any]) -> dict[str, Any]:
     """A received message with ``received_at`` (monotonic seconds), for benchmarks."""
     return message | {"received_at": time.monotonic()}
+
+
+async def next_error(ws: ws_client.ClientConnection, timeout: float = 30.0) -> dict[str, Any]:
+    """The next ``Error`` the server sent, skipping other messages; one that closes
+    without an ``Error`` fails the test."""
+    try:
+        while (message := await receive(ws, timeout))["type"] != "Error":
+            pass
+    except ConnectionClosed as closed:
+        raise AssertionError(f"the server closed ({closed}) without an Error") from closed
+    return message
+
+
+async def error_while_streaming(ws: ws_client.ClientConnection,
+                                frames: int = 1000) -> dict[str, Any]:
+    """Send silence in real time until the server ends the stream with an ``Error``.
+
+    The server may send its ``Error`` and close between two of our sends; the send then
+    fails, and the ``Error`` is still waiting in the receive queue."""
+    silence = audio(np.zeros(FRAME_SIZE, dtype=np.float32))
+    for _ in range(frames):
+        try:
+            await ws.send(silence)
+        except ConnectionClosed:
+            return await next_error(ws)
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await next_error(ws, 0.08)
+    raise AssertionError("the server never ended the stream")
 
 
 async def expect(ws: ws_client.ClientConnection, kind: str,
