@@ -122,9 +122,8 @@ class Supervisor:
         return 1 if worst and not self.stopping else 0
 
     def _fork(self, index: int) -> None:
-        worker = self.config.model_copy(
-            update={"workers": 1, "router_id": f"{self.config.router_id}-w{index}"}
-        )
+        # ``workers`` stays: a worker enforces its share of the router's new-streams limit
+        worker = self.config.model_copy(update={"router_id": f"{self.config.router_id}-w{index}"})
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1

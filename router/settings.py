@@ -98,9 +98,10 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # worker process; over it HTTP 429 before the upgrade (router.throttling).
     new_streams_per_second: float = pydantic.Field(
         default=50.0, ge=0, description="new streams per second of one client address and of"
-        " one API key, per worker (else HTTP 429; 0: any number)")
+        " one API key, per router (each worker enforces its share; else HTTP 429; 0: any"
+        " number)")
     new_streams_burst: float = pydantic.Field(
-        default=100.0, ge=1, description="new streams one client may save up")
+        default=100.0, ge=1, description="new streams one client may save up, per router")
     # Behind a load balancer or an ingress every client has its address: name them, and
     # the limit per address follows their X-Forwarded-For (router.forwarding).
     forwarded_allow_ips: str = pydantic.Field(

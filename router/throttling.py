@@ -4,7 +4,10 @@ gets HTTP 429 (with ``Retry-After``) and costs neither Redis nor a pod.
 
 A refusal here is no demand for the pool: nothing is written to Redis, so
 ``asrpool:pool:{pool}:refused`` (what the operator scales on) does not count it.
-Each router process keeps its own buckets (``--workers`` processes share a port).
+The limits are the router's, not a worker's: each of its ``--workers`` processes keeps
+its own buckets and enforces its share (``1/workers`` of the rate and of the burst; the
+kernel spreads a client's connections over the workers' sockets). Router replicas each
+enforce the whole limit.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ class NewStreams:
 
     def __init__(self, rate: float, burst: float, on_refused: Callable[[], None] = lambda: None,
                  clock: rates.Clock = time.monotonic,
-                 proxies: forwarding.TrustedProxies | None = None) -> None:
-        """``rate`` 0: no limit. Behind ``proxies`` the client is the one they name."""
+                 proxies: forwarding.TrustedProxies | None = None, share: float = 1.0) -> None:
+        """``rate`` 0: no limit. Behind ``proxies`` the client is the one they name. This
+        process enforces ``share`` of ``rate`` and ``burst`` (a burst of one at least);
+        a refusal names the whole rate."""
         self.proxies = proxies or forwarding.TrustedProxies("")
+        self.rate = rate
         self._on_refused = on_refused
-        self._addresses = rates.KeyedBuckets(rate, burst, clock) if rate else None
-        self._keys = rates.KeyedBuckets(rate, burst, clock) if rate else None
+        mine = (rate * share, max(1.0, burst * share))
+        self._addresses = rates.KeyedBuckets(*mine, clock) if rate else None
+        self._keys = rates.KeyedBuckets(*mine, clock) if rate else None
 
     def new_stream(self, address: str, headers: Sequence[tuple[bytes, bytes]] = ()
                    ) -> rates.Throttled | None:
@@ -45,4 +52,4 @@ class NewStreams:
         if buckets is None or buckets.take(key):
             return None
         self._on_refused()
-        return rates.too_many_streams(buckets.rate, who, buckets.seconds_until(key))
+        return rates.too_many_streams(self.rate, who, buckets.seconds_until(key))

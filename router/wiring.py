@@ -45,7 +45,8 @@ def build(config: settings.RouterSettings) -> Deps:
         new_streams=throttling.NewStreams(
             config.new_streams_per_second, config.new_streams_burst,
             meters.rejections.labels(rates.TOO_MANY_STREAMS).inc,
-            proxies=forwarding.TrustedProxies(config.forwarded_allow_ips)),
+            proxies=forwarding.TrustedProxies(config.forwarded_allow_ips),
+            share=1 / config.workers),
     )
 
 
