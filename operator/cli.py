@@ -20,7 +20,10 @@ from asrpool.common import settings_cli
 if TYPE_CHECKING:
     from asrpool.operator import settings
 
-OWN = ("namespaces", "all_namespaces", "liveness_endpoint", "network_policy_from")
+# The fields whose flags the command adds itself, and those flags (as errors name them).
+OWN_FLAGS = {"namespaces": "-n/--namespace", "all_namespaces": "-A/--all-namespaces",
+             "liveness_endpoint": "--liveness", "network_policy_from": "--network-policy-from"}
+OWN = tuple(OWN_FLAGS)
 
 
 def settings_class() -> type[settings.OperatorSettings]:
@@ -71,4 +74,4 @@ def _run(args: argparse.Namespace) -> int:
     from asrpool.operator import running
 
     return settings_cli.run("operator", lambda: _checked(args), running.run,
-                            redis_clients.RedisPasswordError)
+                            redis_clients.RedisPasswordError, own_flags=OWN_FLAGS)

@@ -5,6 +5,7 @@ Each field's ``description`` is its ``--help`` (asrpool.common.settings_cli).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import pydantic
@@ -12,6 +13,7 @@ import pydantic_settings
 
 from asrpool.common import redis_clients
 
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1123 label
 SERVER_PORT = 8080  # the port every server pod listens on (the pod contract)
 DEFAULT_IMAGE = "ghcr.io/asrpool/asrpool:0.1.0"
 # Router pods as the chart labels them, in any namespace.
@@ -100,6 +102,16 @@ class OperatorSettings(redis_clients.RedisCredentials):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @pydantic.field_validator("namespaces")
+    @classmethod
+    def _namespace_names(cls, names: list[str]) -> list[str]:
+        """Names a Role can be bound in: a typo fails the start, not every watch call."""
+        for name in names:
+            if not NAMESPACE_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a namespace name (at most 63 lowercase"
+                                 " letters, digits and '-', starting and ending alphanumeric)")
+        return names
 
     @pydantic.model_validator(mode="after")
     def _one_scope(self) -> OperatorSettings:

@@ -34,7 +34,7 @@ import argparse
 import sys
 import types
 import typing
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -182,33 +182,36 @@ def settings_from(args: argparse.Namespace, settings_class: type[Prepared]) -> P
 
 
 def run(command: str, prepare: Callable[[], Prepared], start: Callable[[Prepared], int],
-        *bad_files: type[Exception]) -> int:
+        *bad_files: type[Exception], own_flags: Mapping[str, str] | None = None) -> int:
     """``start(prepare())``; invalid settings (a pydantic ``ValidationError``) or one of
-    ``bad_files`` raised by ``prepare`` is a message on stderr and exit status 2."""
+    ``bad_files`` raised by ``prepare`` is a message on stderr and exit status 2.
+    ``own_flags``: the flag of each field whose flag the command adds itself."""
     import pydantic
 
     bad_input: tuple[type[Exception], ...] = (pydantic.ValidationError, *bad_files)
     try:
         prepared = prepare()
     except bad_input as exc:
-        print(f"asrpool {command}: {describe(exc)}", file=sys.stderr)
+        print(f"asrpool {command}: {describe(exc, own_flags)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return start(prepared)
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, own_flags: Mapping[str, str] | None = None) -> str:
     """What to fix: each invalid field named as its flag and its variable."""
     import pydantic
 
     if not isinstance(exc, pydantic.ValidationError):
         return str(exc)
-    return "invalid settings: " + "; ".join(_one_error(error) for error in exc.errors())
+    flags = own_flags or {}
+    return "invalid settings: " + "; ".join(_one_error(error, flags) for error in exc.errors())
 
 
-def _one_error(error: Any) -> str:
-    location = error["loc"]
+def _one_error(error: Any, own_flags: Mapping[str, str]) -> str:
+    location, message = error["loc"], str(error["msg"]).removeprefix("Value error, ")
     if not location:  # a check of the whole settings (a model validator)
-        return str(error["msg"]).removeprefix("Value error, ")
+        return message
     name = str(location[0])
     where = ".".join(str(part) for part in location)
-    return (f"{where} ({flag_name(name)} or ASRPOOL_{name.upper()}): {error['msg']}")
+    flag = own_flags.get(name) or flag_name(name)
+    return f"{where} ({flag} or ASRPOOL_{name.upper()}): {message}"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from asrpool.common import settings_cli
@@ -75,6 +76,28 @@ def test_a_scope_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse()
     assert args.handler(args) == 2
     assert "--namespace NAME" in capsys.readouterr().err
+
+
+def test_a_bad_namespace_name_is_refused_naming_the_flag_the_command_has(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    args = parse("-n", "asr", "-n", "GPU_pools")
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err
+    assert "namespaces (-n/--namespace or ASRPOOL_NAMESPACES): 'GPU_pools' is not a namespace" \
+        " name" in err
+    monkeypatch.setenv("ASRPOOL_NAMESPACES", "a," + "b" * 64)
+    with pytest.raises(ValueError, match=r"'b{64}' is not a namespace name"):
+        cli.load_settings(parse())
+    assert settings.OperatorSettings(namespaces=["a", "asr-pools-2"]).namespaces == [
+        "a", "asr-pools-2"]
+
+
+def test_an_own_flag_is_named_as_the_command_spells_it() -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        settings.OperatorSettings(all_namespaces=True, liveness_endpoint=8081)
+    described = settings_cli.describe(info.value, cli.OWN_FLAGS)
+    assert "liveness_endpoint (--liveness or ASRPOOL_LIVENESS_ENDPOINT)" in described
+    assert "(--liveness-endpoint" in settings_cli.describe(info.value)  # without the map
 
 
 def test_namespaced_and_cluster_wide_exclude_each_other() -> None:
