@@ -14,6 +14,8 @@ reply) over the whole phase and over its steady part (all streams open: what lon
 streams cost; the rest is each stream's opening and closing, given per stream), and the
 router's ratios to nginx and to the floor relay, to
 ``bench/results/router-vs-nginx.json`` (and a PNG when matplotlib is importable).
+Then ``--churn-streams`` short streams per proxy (upgrade, ``Ready``, one message, close;
+ten at a time) give what opening and closing a stream costs each proxy, side by side.
 nginx is installed with apt-get when missing.
 """
 
@@ -267,6 +269,38 @@ def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, 
     return out
 
 
+def churn(stack: Stack, count: int, rounds: int, at_once: int = 10) -> dict[str, Any]:
+    """What opening and closing a stream costs each proxy: ``count`` short streams
+    (upgrade, ``Ready``, one message and its reply, close), ``at_once`` at a time, per
+    proxy and round (the proxies alternate); each proxy's CPU per stream, its mean over
+    the rounds, and the router's ratios."""
+    import uvloop
+
+    per_stream: dict[str, list[float]] = {proxy: [] for proxy in PROXIES}
+    rates: dict[str, list[float]] = {proxy: [] for proxy in PROXIES}
+    for r in range(rounds):
+        for proxy in (PROXIES if r % 2 == 0 else tuple(reversed(PROXIES))):
+            pid = getattr(stack, f"{proxy}_pid")
+            cpu0, t0 = tree_cpu(pid), time.monotonic()
+            uvloop.run(wsload.churn("127.0.0.1", stack.ports[proxy], protocol.STREAMING_PATH,
+                                    count, at_once))
+            elapsed = time.monotonic() - t0
+            time.sleep(0.5)  # the last closes settle
+            per_stream[proxy].append((tree_cpu(pid) - cpu0) / count * 1e3)
+            rates[proxy].append(count / elapsed)
+            print(f"churn, {proxy}: {per_stream[proxy][-1]:.3f} ms CPU per stream, "
+                  f"{rates[proxy][-1]:.0f} streams/s", flush=True)
+    out: dict[str, Any] = {"streams": count, "at_once": at_once, "rounds": rounds}
+    for proxy in PROXIES:
+        out[proxy] = {"cpu_per_stream_ms": sum(per_stream[proxy]) / rounds,
+                      "cpu_per_stream_ms_each_round": per_stream[proxy],
+                      "streams_per_s": sum(rates[proxy]) / rounds}
+    for anchor in ("nginx", "floor"):
+        out[f"router_over_{anchor}"] = _ratio(out["router"]["cpu_per_stream_ms"],
+                                             out[anchor]["cpu_per_stream_ms"])
+    return out
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
 
@@ -312,12 +346,17 @@ def main(opts: argparse.Namespace) -> int:
                 for count in counts:
                     result["runs"].append(compare(stack, count, opts.seconds, opts.rounds))
                     path.write_text(json.dumps(result, indent=2))
+                if opts.churn_streams:
+                    result["churn"] = churn(stack, opts.churn_streams, max(2, opts.rounds * 2))
+                    path.write_text(json.dumps(result, indent=2))
     except BenchError as exc:
         print(f"asrpool bench router: {exc}", file=sys.stderr)
         return 1
     summary = [{key: r[key] for key in ("streams", *PROXIES, "router_over_nginx",
                                         "router_over_floor")} for r in result["runs"]]
     print(json.dumps(summary, indent=2))
+    if "churn" in result:
+        print(json.dumps(result["churn"], indent=2))
     plot(result, path.with_suffix(".png"))
     print(f"wrote {path}")
     return 0

@@ -64,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "websocket backend (bench/nginx.py); --streams, --seconds, --rounds")
     parser.add_argument("--router-arg", action="append", default=[],
                         help="extra flag for the router under --baseline (repeatable)")
+    parser.add_argument("--churn-streams", type=int, default=1000,
+                        help="under --baseline: short streams opened and closed per proxy and"
+                        " round, for each proxy's CPU per stream (0: none)")
     return parser.parse_args(argv)
 
 

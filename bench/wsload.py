@@ -203,6 +203,33 @@ async def run_streams(host: str, port: int, path: str, count: int, seconds: floa
             "failed": [repr(r) for r in results if isinstance(r, BaseException)][:3]}
 
 
+async def open_and_close(host: str, port: int, path: str) -> None:
+    """One short stream: upgrade, ``Ready``, one message and its reply, a clean close."""
+    loop = asyncio.get_running_loop()
+    replied: list[float] = []
+    _, stream = await loop.create_connection(lambda: Stream(path, host, replied), host, port)
+    await asyncio.wait_for(stream.ready.wait(), 30)
+    if stream.first != READY:
+        raise RuntimeError(f"refused: {_reason(stream.first)}")
+    stream.send(frame(AUDIO, 2, os.urandom(4)))
+    async with asyncio.timeout(30):
+        while not replied:
+            await asyncio.sleep(0.001)
+    stream.transport.write(frame(b"\x03\xe8", 8, b"\0\0\0\0"))
+    await asyncio.wait_for(stream.closed.wait(), 5)
+
+
+async def churn(host: str, port: int, path: str, count: int, at_once: int) -> None:
+    """``count`` short streams (:func:`open_and_close`), ``at_once`` at a time."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def one() -> None:
+        async with gate:
+            await open_and_close(host, port, path)
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
 def _reason(message: bytes) -> str:
     try:
         return str(msgpack.unpackb(message).get("code") or "no Ready")

@@ -41,7 +41,7 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # and refuses a client address over its new streams per second (router.throttling).
     deps = wiring.build(config)
     uv_config = uvicorn.Config(
-        app.create_app(config, deps),
+        app.StreamingFastPath(app.create_app(config, deps)),
         host=config.host,
         port=config.port,
         loop="uvloop",
