@@ -95,7 +95,8 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # deadline too, and releases the session).
     max_connections: limits.MaxConnections = 16384
     # New streams per second per client address, and per API key (0: no limit), per
-    # worker process; over it HTTP 429 before the upgrade (router.throttling).
+    # router (each worker process enforces its share); over it HTTP 429 before the
+    # upgrade (router.throttling).
     new_streams_per_second: float = pydantic.Field(
         default=50.0, ge=0, description="new streams per second of one client address and of"
         " one API key, per router (each worker enforces its share; else HTTP 429; 0: any"
