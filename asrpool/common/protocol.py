@@ -175,8 +175,9 @@ def _pcm(value: Any) -> np.ndarray:
         raise ProtocolError("'pcm' must be a flat array of numbers") from exc
     if raw.ndim != 1 or raw.dtype.kind not in "fiu":
         raise ProtocolError("'pcm' must be a flat array of numbers")
-    pcm = raw.astype(np.float32)
-    problem = sample_problem(pcm)
+    with np.errstate(over="ignore"):  # a float beyond float32's range: checked on raw
+        pcm = raw.astype(np.float32)
+    problem = sample_problem(raw if raw.dtype.kind == "f" else pcm)
     if problem is not None:
         raise ProtocolError(f"'pcm' {problem}", "bad_audio")
     return pcm

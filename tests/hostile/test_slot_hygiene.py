@@ -7,6 +7,9 @@ and masked attention (weight 0 times NaN) spreads it into the next stream of the
 
 from __future__ import annotations
 
+import warnings
+
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -83,6 +86,17 @@ def test_samples_beyond_full_scale_are_refused(sample: float) -> None:
         protocol.decode_client(protocol.encode({"type": "Audio", "pcm": pcm}), 1 << 20)
     assert info.value.code == "bad_audio"
     assert "amplitude" in str(info.value)
+
+
+@pytest.mark.parametrize("sample", [1e300, -1e300])
+def test_doubles_beyond_float32_are_refused_by_their_amplitude(sample: float) -> None:
+    frame = msgpack.packb({"type": "Audio", "pcm": [0.5, sample]})  # float64, as sent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning from the cast either
+        with pytest.raises(protocol.ProtocolError) as info:
+            protocol.decode_client(frame, 1 << 20)
+    assert info.value.code == "bad_audio"
+    assert "amplitude 1e+300" in str(info.value)
 
 
 def test_loud_but_sane_samples_pass() -> None:
