@@ -30,6 +30,8 @@ from asrpool.server import (
 
 logger = logging.getLogger(__name__)
 
+_POD_TOKEN_HEADER = protocol.POD_TOKEN_HEADER.encode()  # as h11 gives header names: lowercase
+
 
 class State(enum.Enum):
     LOADING = "loading"
@@ -146,12 +148,22 @@ class Pod:
                    ) -> rates.Throttled | None:
         """Why a new stream is refused from its request head (HTTP 429, by the gate of
         ``limits.uvicorn_options``): over the process's new streams per second, whoever
-        asks (a pod's clients are its routers)."""
+        asks (a pod's clients are its routers). A router's link (it carries the pod
+        token) hears it at once, not after the hold: it retries nothing, and its client
+        waits on it."""
         bucket = self._new_streams
         if bucket is None or bucket.take():
             return None
         self.count_error(rates.TOO_MANY_STREAMS)
-        return rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())
+        throttled = rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())
+        return dataclasses.replace(throttled, held=not self._from_a_router(headers))
+
+    def _from_a_router(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
+        token = auth.revealed(self.settings.pod_token)
+        if token is None:
+            return False
+        sent = [value for name, value in headers if name == _POD_TOKEN_HEADER]
+        return len(sent) == 1 and auth.same_secret(sent[0].decode("latin-1"), token)
 
     def not_accepting(self) -> outcomes.Failed | None:
         """Why a new stream is refused after the upgrade, or None."""

@@ -22,7 +22,8 @@ Pods and routers alike (both build their ``uvicorn.Config`` with
   application, no slot, no log line. The answer is held back ``THROTTLED_HOLD_S``
   (the connection is not read meanwhile): a client that retries at once makes one
   attempt a second per connection, not hundreds, and one that honours ``Retry-After``
-  waits no longer than it would have.
+  waits no longer than it would have. A gate may answer a trusted caller at once
+  (``Throttled.held``: a router link with the pod token, which tells its own client).
 - Sends to a websocket client that does not read have a deadline: a connection whose
   write buffer stays over its high-water mark for ``send_timeout_seconds`` is aborted
   (:class:`asrpool.common.framing.WebSocketProtocol`; the router's relay does the same).
@@ -162,6 +163,7 @@ class Connection(h11.Connection):
         self.client = ""  # the peer's address, for the gate
         self.problem: Problem | None = None
         self.throttled: Problem | None = None
+        self.hold_throttled = True  # whether the 429 waits THROTTLED_HOLD_S
 
     def next_event(self) -> Any:
         event = super().next_event()
@@ -180,6 +182,7 @@ class Connection(h11.Connection):
         throttled = self.gate.new_stream(self.client, request.headers)
         if throttled is None:
             return None
+        self.hold_throttled = throttled.held
         return HTTPStatus(throttled.status), throttled.message, tuple(throttled.headers.items())
 
 
@@ -233,7 +236,7 @@ class H11Protocol(h11_impl.H11Protocol):
         super().data_received(data)
         assert isinstance(self.conn, Connection)
         if self.conn.throttled is not None:
-            self._hold(self.conn.throttled)
+            self._hold(self.conn.throttled, THROTTLED_HOLD_S if self.conn.hold_throttled else 0)
         elif self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             if self.head_timer is None:  # a head has begun on a kept-alive connection
                 self._arm_head_timer()
@@ -246,12 +249,12 @@ class H11Protocol(h11_impl.H11Protocol):
             self.hold_timer.cancel()
         super().connection_lost(exc)
 
-    def _hold(self, problem: Problem) -> None:
-        """Answer a throttled request after ``THROTTLED_HOLD_S``, reading nothing more."""
+    def _hold(self, problem: Problem, seconds: float) -> None:
+        """Answer a throttled request after ``seconds``, reading nothing more."""
         self.refused = True
         self._disarm_head_timer()
         self.transport.pause_reading()
-        self.hold_timer = self.loop.call_later(THROTTLED_HOLD_S, self.refuse, *problem)
+        self.hold_timer = self.loop.call_later(seconds, self.refuse, *problem)
 
     def send_400_response(self, msg: str) -> None:
         assert isinstance(self.conn, Connection)

@@ -101,6 +101,10 @@ class Throttled:
     wait_seconds: float
     code: str = TOO_MANY_STREAMS
     status: int = 429
+    # Held back before it is sent (``limits.THROTTLED_HOLD_S``), so that a client that
+    # retries at once cannot spin; not for a trusted caller (a router with the pod token)
+    # that tells its own client at once and retries nothing.
+    held: bool = True
 
     @property
     def headers(self) -> dict[str, str]:
