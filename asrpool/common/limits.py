@@ -162,8 +162,7 @@ class Connection(h11.Connection):
         self.gate = gate
         self.client = ""  # the peer's address, for the gate
         self.problem: Problem | None = None
-        self.throttled: Problem | None = None
-        self.hold_throttled = True  # whether the 429 waits THROTTLED_HOLD_S
+        self.throttled: rates.Throttled | None = None
 
     def next_event(self) -> Any:
         event = super().next_event()
@@ -176,14 +175,10 @@ class Connection(h11.Connection):
                 return h11.PAUSED
         return event
 
-    def _gated(self, request: h11.Request) -> Problem | None:
+    def _gated(self, request: h11.Request) -> rates.Throttled | None:
         if self.gate is None or not new_stream(request):
             return None
-        throttled = self.gate.new_stream(self.client, request.headers)
-        if throttled is None:
-            return None
-        self.hold_throttled = throttled.held
-        return HTTPStatus(throttled.status), throttled.message, tuple(throttled.headers.items())
+        return self.gate.new_stream(self.client, request.headers)
 
 
 def new_stream(request: h11.Request) -> bool:
@@ -236,7 +231,7 @@ class H11Protocol(h11_impl.H11Protocol):
         super().data_received(data)
         assert isinstance(self.conn, Connection)
         if self.conn.throttled is not None:
-            self._hold(self.conn.throttled, THROTTLED_HOLD_S if self.conn.hold_throttled else 0)
+            self._hold(self.conn.throttled)
         elif self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             if self.head_timer is None:  # a head has begun on a kept-alive connection
                 self._arm_head_timer()
@@ -249,12 +244,15 @@ class H11Protocol(h11_impl.H11Protocol):
             self.hold_timer.cancel()
         super().connection_lost(exc)
 
-    def _hold(self, problem: Problem, seconds: float) -> None:
-        """Answer a throttled request after ``seconds``, reading nothing more."""
+    def _hold(self, throttled: rates.Throttled) -> None:
+        """Answer a throttled request, after ``THROTTLED_HOLD_S`` unless the gate said
+        not to (``Throttled.held``), reading nothing more."""
         self.refused = True
         self._disarm_head_timer()
         self.transport.pause_reading()
-        self.hold_timer = self.loop.call_later(seconds, self.refuse, *problem)
+        self.hold_timer = self.loop.call_later(
+            THROTTLED_HOLD_S if throttled.held else 0.0, self.refuse,
+            HTTPStatus(throttled.status), throttled.message, tuple(throttled.headers.items()))
 
     def send_400_response(self, msg: str) -> None:
         assert isinstance(self.conn, Connection)

@@ -72,5 +72,5 @@ def test_the_connection_keeps_whether_the_gate_holds_its_429(held: bool) -> None
     conn.receive_data(b"GET /api/asr-streaming HTTP/1.1\r\nHost: pod\r\nUpgrade: websocket\r\n"
                       b"Connection: Upgrade\r\n\r\n")
     assert conn.next_event() is h11.PAUSED
-    assert conn.throttled is not None and conn.throttled[0] == 429
-    assert conn.hold_throttled is held
+    assert conn.throttled is throttled  # what H11Protocol answers, held or at once
+    assert conn.throttled.status == 429 and conn.throttled.held is held
