@@ -48,6 +48,9 @@ def frame(payload: bytes, opcode: int = 2, mask: bytes | None = None) -> bytes:
     return head + mask + body
 
 
+CLIENT_CLOSE = frame(b"\x03\xe8", 8, b"\0\0\0\0")  # a client's close 1000
+
+
 def parse(buf: bytearray) -> tuple[int, int, int] | None:
     """(opcode, payload start, frame end) of the first whole frame in ``buf``, or None."""
     if len(buf) < 2:
@@ -119,6 +122,7 @@ class Stream(asyncio.Protocol):
         self.rtts, self.sent = rtts, collections.deque[float]()
         self.buf, self.upgraded = bytearray(), False
         self.ready, self.closed = asyncio.Event(), asyncio.Event()
+        self.replied = asyncio.Event()  # a reply to a message of ours came
         self.first = b""  # the first binary message: READY, or the router's Error
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -154,6 +158,7 @@ class Stream(asyncio.Protocol):
             self.ready.set()
         elif opcode == 2 and self.sent:
             self.rtts.append(time.perf_counter() - self.sent.popleft())
+            self.replied.set()
 
     def send(self, message: bytes) -> None:
         self.sent.append(time.perf_counter())
@@ -180,7 +185,7 @@ async def one_stream(host: str, port: int, path: str, seconds: float, offset: fl
             return k
         stream.send(message)
     await asyncio.sleep(1.0)  # the last replies
-    stream.transport.write(frame(b"\x03\xe8", 8, b"\0\0\0\0"))
+    stream.transport.write(CLIENT_CLOSE)
     try:
         await asyncio.wait_for(stream.closed.wait(), 5)
     except TimeoutError:
@@ -206,16 +211,13 @@ async def run_streams(host: str, port: int, path: str, count: int, seconds: floa
 async def open_and_close(host: str, port: int, path: str) -> None:
     """One short stream: upgrade, ``Ready``, one message and its reply, a clean close."""
     loop = asyncio.get_running_loop()
-    replied: list[float] = []
-    _, stream = await loop.create_connection(lambda: Stream(path, host, replied), host, port)
+    _, stream = await loop.create_connection(lambda: Stream(path, host, []), host, port)
     await asyncio.wait_for(stream.ready.wait(), 30)
     if stream.first != READY:
         raise RuntimeError(f"refused: {_reason(stream.first)}")
     stream.send(frame(AUDIO, 2, os.urandom(4)))
-    async with asyncio.timeout(30):
-        while not replied:
-            await asyncio.sleep(0.001)
-    stream.transport.write(frame(b"\x03\xe8", 8, b"\0\0\0\0"))
+    await asyncio.wait_for(stream.replied.wait(), 30)
+    stream.transport.write(CLIENT_CLOSE)
     await asyncio.wait_for(stream.closed.wait(), 5)
 
 
