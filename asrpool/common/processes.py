@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,11 +25,31 @@ class StartError(RuntimeError):
     """A process did not start or did not become ready; the message says which and why."""
 
 
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that nothing listens on now (the kernel's pick)."""
+    """A TCP port that nothing listens on now, below the kernel's ephemeral range where
+    there is room: the kernel's own pick (a bind to port 0) comes from that range, and
+    so does the source port of every outgoing connection, which may take the port in the
+    seconds before its server binds it (a pod imports torch first)."""
+    below = _ephemeral_low() - LOWEST_PORT
+    for _ in range(100 if below >= 1000 else 0):
+        port = LOWEST_PORT + random.randrange(below)
+        if port_is_free(port, host):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (Linux), or 0 if unknown."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
