@@ -129,8 +129,8 @@ def test_the_built_in_redis_requires_a_generated_password() -> None:
 
 def test_api_keys_reach_the_router_as_the_file_it_loads(environ: Environ) -> None:
     config, container = router_from("api-keys", environ)
-    mount = container["volumeMounts"][0]["mountPath"]
-    assert str(config.api_keys_file) == f"{mount}/clients.yaml"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert str(config.api_keys_file) == f"{mounts['api-keys']}/clients.yaml"
     secret = rendering.one(rendering.render(SCENARIOS["api-keys"]), "Secret",
                            "demo-asrpool-api-keys")
     assert set(secret["stringData"]) == {"clients.yaml"}

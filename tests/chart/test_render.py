@@ -158,6 +158,18 @@ def test_workloads_run_as_non_root_with_read_only_root_and_resources() -> None:
         assert main["resources"]["limits"]["memory"]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_router_has_a_writable_tmp_under_its_read_only_root(workers: int) -> None:
+    """Several workers share metrics through files in a fresh folder under /tmp
+    (router.sharedmetrics); with a read-only root that folder must be a volume."""
+    router = rendering.one(rendering.render({"router": {"workers": workers}}), "Deployment",
+                           "demo-asrpool-router")
+    pod = router["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in rendering.container(router)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
 @pytest.mark.parametrize("version", [OLDEST, NEWEST])
 def test_the_kubernetes_validate_command_passes_the_rendered_chart(
     version: str, tmp_path: Path
