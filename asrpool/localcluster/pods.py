@@ -193,12 +193,14 @@ class PodRunner:
             folders = volumes.materialise(self.pod, self.folder, self._lookup, self._token, fields)
             base = self._base_environment()
             for container in [*self.init_containers, *self.containers]:
-                env = podspecs.environment(container.spec, self._lookup, fields, base)
+                own = podspecs.environment(container.spec, self._lookup, fields)
                 mounts = podspecs.Mounts.of(container.spec, folders)
-                argv = podspecs.command_line(container.spec, env)
-                env = {key: self._localise(mounts.rewrite(value)) for key, value in env.items()}
+                argv = podspecs.command_line(container.spec, own)
+                own = {key: self._localise(mounts.rewrite(value)) for key, value in own.items()}
                 argv = [self._localise(part) for part in mounts.rewrite_all(argv)]
-                self._environments[container.name] = (argv, env)
+                # The host's values (PATH to the checkout's .venv, say) are host paths
+                # already: a mount at /tmp must not turn them into folders of a volume.
+                self._environments[container.name] = (argv, {**base, **own})
         except (podspecs.ConfigError, kubernetes.client.ApiException) as exc:
             message = str(exc) if isinstance(exc, podspecs.ConfigError) else _api_reason(exc)
             for container in [*self.init_containers, *self.containers]:

@@ -152,3 +152,26 @@ async def test_pods_get_their_service_accounts_token_and_rbac_applies(
         assert cluster.get(namespace, "pod", "client")["status"]["phase"] == "Succeeded"
 
     await eventually(succeeded, TIMEOUT, period=0.5)
+
+
+async def test_a_mount_over_the_checkout_leaves_the_host_environment_alone(
+    cluster: Cluster, namespace: str
+) -> None:
+    """A checkout under /tmp runs pods that mount an emptyDir at /tmp: the host's PATH
+    (to the checkout's .venv) must not become a folder of the volume, while the
+    container's own values under the mount point still do."""
+    checkout = str(Path(__file__).resolve().parents[2])
+    script = f'test "$DATA" != {checkout} && asrpool --help > "$DATA/help"'
+    cluster.apply(namespace, pod("over-checkout", ["sh", "-c", script], restartPolicy="Never",
+                                 volumes=[{"name": "scratch", "emptyDir": {}}], container={
+        "env": [{"name": "DATA", "value": checkout}],
+        "volumeMounts": [{"name": "scratch", "mountPath": checkout}]}))
+
+    def succeeded() -> None:
+        terminated = container_state(cluster, namespace, "over-checkout")["state"]["terminated"]
+        assert terminated["exitCode"] == 0, terminated
+
+    await eventually(succeeded, TIMEOUT, period=0.5)
+    written = list((cluster.state / "pods").glob(
+        f"{namespace}_over-checkout_*/volumes/scratch/help"))
+    assert len(written) == 1 and "usage: asrpool" in written[0].read_text()
