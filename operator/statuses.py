@@ -19,16 +19,22 @@ from asrpool.operator import naming, usage
 class Problem:
     # InvalidSpec, RegistryUnavailable, NameConflict, ApplyFailed, ProgressDeadlineExceeded,
     # PodsUnschedulable, ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError,
-    # RunContainerError, and for a model that cannot be had (weights.EXIT_REASONS):
-    # ModelUnavailable, RegistryUnavailable (the Hugging Face Hub), ModelCacheUnavailable
+    # CreateContainerError, RunContainerError, and for a model that cannot be had
+    # (weights.EXIT_REASONS): ModelUnavailable, RegistryUnavailable (the Hugging Face Hub),
+    # ModelCacheUnavailable
     reason: str
     message: str
 
 
-# A container waiting for one of these will not get better by itself.
+# A container waiting for one of these will not get better by itself. An image the node
+# cannot have (absent with pull policy Never, a name that does not parse) is reported as
+# a pull that cannot succeed; the kubelet's message says which.
 STUCK_CONTAINERS = {"ErrImagePull": "ImagePullBackOff", "ImagePullBackOff": "ImagePullBackOff",
+                    "ErrImageNeverPull": "ImagePullBackOff",
+                    "InvalidImageName": "ImagePullBackOff",
                     "CrashLoopBackOff": "CrashLoopBackOff",
                     "CreateContainerConfigError": "CreateContainerConfigError",
+                    "CreateContainerError": "CreateContainerError",
                     "RunContainerError": "RunContainerError"}
 
 
@@ -56,8 +62,17 @@ def _stuck_container(pods: Sequence[Mapping[str, Any]]) -> Problem | None:
             reason = STUCK_CONTAINERS.get(waiting.get("reason", ""))
             if reason:
                 where = f"{pod['metadata']['name']}/{container.get('name')}"
-                return Problem(reason, f"{where}: {waiting.get('message') or waiting['reason']}")
+                said = waiting.get("message") or waiting["reason"]
+                return Problem(reason, f"{where}: {said}{_last_words(container)}")
     return None
+
+
+def _last_words(container: Mapping[str, Any]) -> str:
+    """The last line a crashed container wrote (its termination message: the server
+    containers fall back to their log), so the status says why, not only that."""
+    ended = ((container.get("lastState") or {}).get("terminated")) or {}
+    line = last_line(ended.get("message", ""))
+    return f" (exit code {ended.get('exitCode')}: {line})" if line else ""
 
 
 def _model_problem(pods: Sequence[Mapping[str, Any]]) -> Problem | None:

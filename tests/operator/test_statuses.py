@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from asrpool.operator import statuses, usage
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -112,6 +114,26 @@ def test_pod_problems_name_what_a_platform_team_must_fix() -> None:
     leaving = _pod("p4", waiting={"reason": "ErrImagePull", "message": "not found"})
     leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert statuses.pod_problem(None, [leaving]) is None
+
+
+@pytest.mark.parametrize(("waiting", "reason"), [
+    ("ErrImageNeverPull", "ImagePullBackOff"), ("InvalidImageName", "ImagePullBackOff"),
+    ("ImagePullBackOff", "ImagePullBackOff"), ("CreateContainerError", "CreateContainerError"),
+])
+def test_a_container_that_cannot_be_created_says_why(waiting: str, reason: str) -> None:
+    message = 'Container image "ghcr.io/asrpool/asrpool:0.9" is not present with pull policy'
+    pod = _pod("p1", waiting={"reason": waiting, "message": message})
+    assert statuses.pod_problem(None, [pod]) == statuses.Problem(reason, f"p1/server: {message}")
+
+
+def test_a_crash_loop_names_the_last_line_the_container_wrote() -> None:
+    pod = _pod("p1", waiting={"reason": "CrashLoopBackOff", "message": "back-off 20s"})
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": {
+        "exitCode": 1, "message": "Traceback (most recent call last):\n  ...\n"
+                                  "PermissionError: [Errno 13] /models\n"}}
+    assert statuses.pod_problem(None, [pod]) == statuses.Problem(
+        "CrashLoopBackOff",
+        "p1/server: back-off 20s (exit code 1: PermissionError: [Errno 13] /models)")
 
 
 # A model that cannot be had: the exit code names the reason, the last line the cause.
