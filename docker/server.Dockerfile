@@ -36,25 +36,26 @@ FROM ${BASE_IMAGE}
 # Kept equal to the pins in pyproject.toml (a test checks); the requirements hold them.
 ARG TORCH_VERSION=2.9.1
 ARG MOSHI_VERSION=0.2.13
-# A pip new enough to read the pip cache that tools/images/build mounts (pip 23.3 and
-# later keep downloads under http-v2; the venv's bundled pip may be older).
-ARG PIP_VERSION=25.3
 ARG PIP_CERT
-# PIP_NO_CACHE_DIR=1 keeps pip's cache out of the image; tools/images/build passes 0 and
-# PIP_CACHE_DIR, a folder it mounts from the host, so torch's wheels download once.
-ARG PIP_NO_CACHE_DIR=1
-ARG PIP_CACHE_DIR
+# WHEELHOUSE: a folder of wheels that tools/images/build mounts from its cache, so that
+# torch and its CUDA wheels (some 4 GB) download once per machine: `pip download` keeps
+# what is already there, and the install reads only that folder. Unset (docker build),
+# pip installs from the index. No pip cache is kept (PIP_NO_CACHE_DIR).
+ARG WHEELHOUSE
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/asrpool \
     PATH=/opt/asrpool/bin:$PATH \
     HF_HOME=/models
 COPY --from=requirements /requirements.txt /opt/requirements.txt
 RUN python3 -m venv /opt/asrpool \
- && pip install "pip==${PIP_VERSION}" \
- && pip install --requirement /opt/requirements.txt \
-      "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" \
+ && printf '%s\n' "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /opt/requirements.txt \
+ && if [ -n "${WHEELHOUSE:-}" ]; then \
+      pip download --quiet --dest "$WHEELHOUSE" --requirement /opt/requirements.txt \
+      && pip install --no-index --find-links "$WHEELHOUSE" --requirement /opt/requirements.txt; \
+    else pip install --requirement /opt/requirements.txt; fi \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin asrpool \
  && mkdir -p /models \
  && chown 10001:10001 /models

@@ -1,0 +1,95 @@
+"""The control image as the chart runs it: uid 10001, a read-only root, no HOME; the
+router serves HTTP from a real container with a real Redis, with one worker and two."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from asrpool.common import processes
+from tests.images import containers
+from tests.images.conftest import Built
+from tests.support import redis_servers
+
+UID = 10001
+START_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def control(images: dict[str, Built]) -> str:
+    return images["control"].name
+
+
+@pytest.mark.parametrize("command", [[], ["route"], ["operator"]])
+def test_each_command_answers_help(control: str, command: list[str]) -> None:
+    done = containers.run(control, [*command, "--help"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: asrpool"), done.stdout[:200]
+
+
+def test_it_runs_as_uid_10001_with_a_read_only_root_and_no_home(control: str) -> None:
+    done = containers.run(
+        control, ["-c", 'id -u; id -g; echo "home=$HOME"; test -e "$HOME" || echo no-home; '
+                  "touch /written 2>&1 || echo root-read-only; "
+                  "touch /tmp/written 2>&1 || echo tmp-read-only"], entrypoint="sh")
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [str(UID), str(UID)], done.stdout + done.stderr
+    assert "no-home" in lines
+    assert "root-read-only" in lines and "tmp-read-only" in lines
+    assert "Read-only file system" in done.stdout
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+# One worker needs nothing writable; more share their metrics through a folder under
+# /tmp (prometheus_client's multiprocess mode), which the chart must mount (an emptyDir).
+ONE_WORKER = ["--env", "ASRPOOL_WORKERS=1"]
+TWO_WORKERS = ["--env", "ASRPOOL_WORKERS=2", "--tmpfs", "/tmp:rw,size=16m,mode=1777"]
+
+
+@pytest.fixture
+def router(control: str, module_redis: redis_servers.RedisServer,
+           request: pytest.FixtureRequest) -> Iterator[str]:
+    """``asrpool route`` in a container on the host's network, bound to 127.0.0.1 only,
+    with the options the test asks for (indirect parametrisation); yields its URL."""
+    options: Sequence[str] = getattr(request, "param", ONE_WORKER)
+    port = processes.free_port()
+    command = ["route", "--host", "127.0.0.1", "--port", str(port),
+               "--redis-url", module_redis.url]
+    with containers.started(control, command, ["--network", "host", *options]) as name:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_http(name, f"{url}/healthz")
+        yield url
+
+
+def wait_for_http(name: str, url: str) -> None:
+    """Until ``url`` answers 200; fail at once, with the container's log, if it exits."""
+    def answers() -> bool:
+        if not containers.is_running(name):
+            raise processes.StartError(f"container {name} exited")
+        return get(url)[0] == 200
+
+    try:
+        processes.wait_until(answers, START_TIMEOUT, f"{url} in container {name}")
+    except processes.StartError as error:
+        pytest.fail(f"{error}: {containers.logs(name)}")
+
+
+def test_the_router_answers_health_and_readiness_over_http(router: str) -> None:
+    assert get(f"{router}/healthz") == (200, json.dumps({"ok": True}, separators=(",", ":")))
+    status, _ = get(f"{router}/readyz")  # ready: it reached Redis
+    assert status == 200
+
+
+@pytest.mark.parametrize("router", [TWO_WORKERS], indirect=True)
+def test_two_router_workers_run_with_a_tmpfs_at_tmp(router: str) -> None:
+    status, _ = get(f"{router}/readyz")
+    assert status == 200
+    status, metrics = get(f"{router}/metrics")
+    assert status == 200 and "asrpool_router" in metrics
