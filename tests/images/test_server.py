@@ -32,7 +32,9 @@ def test_torch_imports_and_computes_on_the_cpu(server: str) -> None:
     done = containers.run(server, ["-c", code], entrypoint="python")
     assert done.returncode == 0, done.stderr[-2000:]
     version, cuda, total = done.stdout.split()
-    assert version.startswith("2.9.1") and cuda == "False" and float(total) == 90.0
+    # torch's CUDA build (2.9.1+cu128), running on a CPU.
+    assert version.startswith("2.9.1+cu") and cuda == "False"
+    assert float(total) == 83.0
 
 
 def test_it_transcribes_a_file_as_uid_10001_on_a_read_only_root(server: str, models: str) -> None:
