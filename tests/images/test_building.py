@@ -96,3 +96,18 @@ def test_a_failed_build_names_its_step_and_error(tmp_path: Path) -> None:
     first, *rest = done.stderr.strip().splitlines()
     assert first.startswith("tools/images/build: control failed at STEP 2/2: RUN echo"), first
     assert "no-such-package-here" in "\n".join(rest)
+
+
+def test_a_missing_tool_is_one_line_naming_its_debian_package(tmp_path: Path) -> None:
+    """On a PATH with bash and coreutils only, the first tool it needs is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "cut", "getent", "id"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (bin_dir / tool).symlink_to(found)
+    done = subprocess.run([str(bin_dir / "bash"), str(BUILD), "control"], capture_output=True,
+                          text=True, timeout=60, check=False, env={"PATH": str(bin_dir)})
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "tools/images/build: buildah is missing: apt-get install buildah"]
