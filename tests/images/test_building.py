@@ -3,6 +3,7 @@ the chart uses, and is reported with its real ID; a cached rebuild changes nothi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -79,8 +80,10 @@ def test_an_unknown_image_is_one_line_naming_the_choices() -> None:
         "tools/images/build: unknown image or option 'nginx' (images: control server redis pause)"]
 
 
-def test_a_failed_build_names_its_step_and_error(tmp_path: Path) -> None:
-    """A copy of the tool in a tree whose control Dockerfile fails at its last step."""
+def test_a_failed_build_names_its_step_and_error(images: dict[str, Built],
+                                                 tmp_path: Path) -> None:
+    """A copy of the tool in a tree whose control Dockerfile fails at its last step (the
+    base is already in podman's storage; logs go to a cache of the test's own)."""
     tool = tmp_path / "tools" / "images" / "build"
     tool.parent.mkdir(parents=True)
     shutil.copy2(BUILD, tool)
@@ -89,8 +92,9 @@ def test_a_failed_build_names_its_step_and_error(tmp_path: Path) -> None:
     (tmp_path / "docker").mkdir()
     (tmp_path / "docker" / "control.Dockerfile").write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo no-such-package-here >&2 && false\n")
+    env = {**os.environ, "ASRPOOL_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([str(tool), "control"], capture_output=True, text=True, timeout=600,
-                          check=False)
+                          check=False, env=env)
     assert done.returncode != 0
     assert done.stdout == ""
     first, *rest = done.stderr.strip().splitlines()
