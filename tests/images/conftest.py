@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools" / "images" / "build"
 IMAGES = ("control", "server", "redis", "pause")
 BUILD_TIMEOUT = 3600.0
-LINE = re.compile(r"^(?P<image>\w+)\s+(?P<name>\S+)\s+(?P<id>[0-9a-f]{12})\s+(?P<mb>\d+) MB\s+")
+# The tool's line per image: kind, first name, ID, size, build seconds.
+LINE = re.compile(r"^(?P<image>\w+)\s+(?P<name>\S+)\s+(?P<id>[0-9a-f]{12})\s+"
+                  r"(?P<mb>[\d.]+) MB\s+(?P<seconds>\d+)s$")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Built:
     image: str
     name: str
     id: str
-    megabytes: int
+    megabytes: float
 
 
 def _unavailable(reason: str) -> None:
@@ -53,7 +55,7 @@ def _parse(stdout: str) -> dict[str, Built]:
         match = LINE.match(line)
         if match:
             found[match["image"]] = Built(match["image"], match["name"], match["id"],
-                                          int(match["mb"]))
+                                          float(match["mb"]))
     return found
 
 
