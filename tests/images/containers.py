@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import pytest
+
+from asrpool.common import processes
+
 RUN_TIMEOUT = 300.0
+START_TIMEOUT = 90.0
 
 # The chart's securityContext, as podman spells it: a read-only root with nothing
 # writable but what is mounted (podman's own tmpfs on /tmp, /run is off), every
@@ -89,3 +95,21 @@ def volume(prefix: str) -> Iterator[str]:
         yield name
     finally:
         podman("volume", "rm", "--force", name, timeout=60)
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+def wait_for_http(name: str, url: str) -> None:
+    """Until ``url`` answers 200; fail at once, with the container's log, if it exits."""
+    def answers() -> bool:
+        if not is_running(name):
+            raise processes.StartError(f"container {name} exited")
+        return get(url)[0] == 200
+
+    try:
+        processes.wait_until(answers, START_TIMEOUT, f"{url} in container {name}")
+    except processes.StartError as error:
+        pytest.fail(f"{error}: {logs(name)}")

@@ -4,7 +4,6 @@ router serves HTTP from a real container with a real Redis, with one worker and 
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -15,7 +14,6 @@ from tests.images.conftest import Built
 from tests.support import redis_servers
 
 UID = 10001
-START_TIMEOUT = 60.0
 
 
 @pytest.fixture
@@ -42,11 +40,6 @@ def test_it_runs_as_uid_10001_with_a_read_only_root_and_no_home(control: str) ->
     assert "Read-only file system" in done.stdout
 
 
-def get(url: str) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.status, response.read().decode()
-
-
 # One worker needs nothing writable; more share their metrics through a folder under
 # /tmp (prometheus_client's multiprocess mode), which the chart must mount (an emptyDir).
 ONE_WORKER = ["--env", "ASRPOOL_WORKERS=1"]
@@ -64,32 +57,20 @@ def router(control: str, module_redis: redis_servers.RedisServer,
                "--redis-url", module_redis.url]
     with containers.started(control, command, ["--network", "host", *options]) as name:
         url = f"http://127.0.0.1:{port}"
-        wait_for_http(name, f"{url}/healthz")
+        containers.wait_for_http(name, f"{url}/healthz")
         yield url
 
 
-def wait_for_http(name: str, url: str) -> None:
-    """Until ``url`` answers 200; fail at once, with the container's log, if it exits."""
-    def answers() -> bool:
-        if not containers.is_running(name):
-            raise processes.StartError(f"container {name} exited")
-        return get(url)[0] == 200
-
-    try:
-        processes.wait_until(answers, START_TIMEOUT, f"{url} in container {name}")
-    except processes.StartError as error:
-        pytest.fail(f"{error}: {containers.logs(name)}")
-
-
 def test_the_router_answers_health_and_readiness_over_http(router: str) -> None:
-    assert get(f"{router}/healthz") == (200, json.dumps({"ok": True}, separators=(",", ":")))
-    status, _ = get(f"{router}/readyz")  # ready: it reached Redis
+    healthy = json.dumps({"ok": True}, separators=(",", ":"))
+    assert containers.get(f"{router}/healthz") == (200, healthy)
+    status, _ = containers.get(f"{router}/readyz")  # ready: it reached Redis
     assert status == 200
 
 
 @pytest.mark.parametrize("router", [TWO_WORKERS], indirect=True)
 def test_two_router_workers_run_with_a_tmpfs_at_tmp(router: str) -> None:
-    status, _ = get(f"{router}/readyz")
+    status, _ = containers.get(f"{router}/readyz")
     assert status == 200
-    status, metrics = get(f"{router}/metrics")
+    status, metrics = containers.get(f"{router}/metrics")
     assert status == 200 and "asrpool_router" in metrics

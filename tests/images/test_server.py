@@ -4,10 +4,12 @@ root and the model cache on a volume, and CUDA libraries that need only the driv
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
+from asrpool.common import processes
 from tests.images import containers
 from tests.images.conftest import ROOT, Built
 
@@ -59,6 +61,34 @@ def test_the_model_cache_volume_is_writable_by_the_server_user(server: str, mode
 # libfabric, PMIx), opened only when such a transport is configured: their libraries
 # come with those fabrics, not with CUDA.
 FABRIC_PLUGINS = ("nvshmem_bootstrap_", "nvshmem_transport_", "libcufile_rdma")
+
+def post_audio(url: str) -> list[dict[str, object]]:
+    request = urllib.request.Request(url, data=SAMPLE.read_bytes(), method="POST")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        messages: list[dict[str, object]] = json.loads(response.read())
+    return messages
+
+
+def test_it_serves_a_posted_file_and_stops_cleanly_on_sigterm(server: str, models: str) -> None:
+    """`asrpool serve` as the image's PID 1 on the host's network, bound to 127.0.0.1,
+    with the writable folders the operator mounts (operator/children.py: /tmp, where a
+    POSTed file is decoded, and /models): ready, a POSTed file gets its words, and
+    SIGTERM (podman stop) ends it with 0."""
+    port = processes.free_port()
+    command = ["serve", "--model", "tiny", "--batch-size", "2", "--host", "127.0.0.1",
+               "--port", str(port)]
+    options = ["--network", "host", "--volume", f"{models}:/models",
+               "--tmpfs", "/tmp:rw,size=64m,mode=1777"]
+    with containers.started(server, command, options) as name:
+        url = f"http://127.0.0.1:{port}"
+        containers.wait_for_http(name, f"{url}/readyz")
+        messages = post_audio(f"{url}/api/asr-streaming")
+        assert any(m["type"] == "Word" and m["text"] for m in messages), messages[:5]
+        stopped = containers.podman("stop", "--time", "30", name, timeout=90)
+        assert stopped.returncode == 0, stopped.stderr
+        code = containers.podman("inspect", "--format", "{{.State.ExitCode}}", name)
+        assert code.stdout.strip() == "0", containers.logs(name)
+
 
 UNRESOLVED = r"""
 set -eu
