@@ -59,6 +59,15 @@ def router(control: str, module_redis: redis_servers.RedisServer,
         url = f"http://127.0.0.1:{port}"
         containers.wait_for_http(name, f"{url}/healthz")
         yield url
+        stop_with_sigterm(name)
+
+
+def stop_with_sigterm(name: str) -> None:
+    """podman stop sends SIGTERM to the container's PID 1; the router exits 0 in time."""
+    stopped = containers.podman("stop", "--time", "30", name, timeout=90)
+    assert stopped.returncode == 0, stopped.stderr
+    code = containers.podman("inspect", "--format", "{{.State.ExitCode}}", name)
+    assert code.stdout.strip() == "0", containers.logs(name)
 
 
 def test_the_router_answers_health_and_readiness_over_http(router: str) -> None:
