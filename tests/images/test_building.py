@@ -93,6 +93,7 @@ def test_a_failed_build_names_its_step_and_error(images: dict[str, Built],
     (tmp_path / "docker" / "control.Dockerfile").write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo no-such-package-here >&2 && false\n")
     env = {**os.environ, "ASRPOOL_CACHE": str(tmp_path / "cache")}
+    before = working_containers()
     done = subprocess.run([str(tool), "control"], capture_output=True, text=True, timeout=600,
                           check=False, env=env)
     assert done.returncode != 0
@@ -100,6 +101,13 @@ def test_a_failed_build_names_its_step_and_error(images: dict[str, Built],
     first, *rest = done.stderr.strip().splitlines()
     assert first.startswith("tools/images/build: control failed at STEP 2/2: RUN echo"), first
     assert "no-such-package-here" in "\n".join(rest)
+    assert working_containers() - before == set()  # nor a mounted working container left
+
+
+def working_containers() -> set[str]:
+    done = subprocess.run(["buildah", "containers", "--quiet"], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return set(done.stdout.split())
 
 
 def test_a_missing_tool_is_one_line_naming_its_debian_package(tmp_path: Path) -> None:
