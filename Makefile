@@ -26,11 +26,21 @@ cluster-binaries:
 	@if command -v go >/dev/null; then tools/cluster/build >/dev/null; \
 	else echo "no Go toolchain: the control-plane tests (tests/cluster) will skip"; fi
 
-# The live page's test drives Debian's Chromium; install it when it is missing.
+# The live page's test drives Debian's Chromium; the image tests (tools/images/build,
+# tests/images) need buildah, podman, runc, mmdebstrap and a static libc for the pause
+# image. Install what is missing (command:Debian package).
+IMAGE_TOOLS := buildah:buildah podman:podman runc:runc mmdebstrap:mmdebstrap \
+	newuidmap:uidmap gcc:gcc curl:curl
 system-deps:
 	@command -v chromium >/dev/null || { \
 	  echo "installing chromium (Debian package) for the live page test"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@missing=""; \
+	for pair in $(IMAGE_TOOLS); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
+	[ -z "$$missing" ] || { \
+	  echo "installing$$missing (Debian packages) for the image tests (tests/images)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

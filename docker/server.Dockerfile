@@ -1,13 +1,27 @@
 # syntax=docker/dockerfile:1
-# The server pod image: CUDA runtime, torch and moshi as pinned in pyproject.toml, and
-# asrpool. The operator runs it as `asrpool serve`. Build from the repository root:
+# The server pod image: torch and moshi as pinned in pyproject.toml, and asrpool. The
+# operator runs it as `asrpool serve`. Build from the repository root:
 #   docker build -f docker/server.Dockerfile -t ghcr.io/asrpool/asrpool:0.1.0 .
+# or, without Docker and without pulling anything: tools/images/build server
+# No CUDA base image: torch's PyPI wheel for Linux x86_64 carries its CUDA 12.8 libraries
+# as nvidia-* wheels (cuBLAS, cuDNN, NCCL, ...), and needs from the host only the
+# driver's libcuda.so.1, which the NVIDIA container toolkit mounts into GPU containers
+# (docs/images.md shows the evidence). So the server builds FROM the same slim base as
+# the control image.
 # Model weights are not baked in: they download on first start into HF_HOME (/models),
 # a volume; mount a persistent or node-local volume there to download once per node.
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS wheel
+FROM ${BASE_IMAGE} AS requirements
+WORKDIR /src
+COPY pyproject.toml ./
+COPY docker/requirements.py docker/requirements.py
+RUN python3 docker/requirements.py server pyproject.toml > /requirements.txt
+
+FROM ${BASE_IMAGE} AS wheel
+ARG PIP_CERT
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv /opt/build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY asrpool asrpool
@@ -16,32 +30,38 @@ COPY router router
 COPY operator operator
 COPY bench bench
 COPY plan plan
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN /opt/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
-FROM ${CUDA_IMAGE}
-# Kept equal to the pins in pyproject.toml (a test checks); torch's PyPI wheels for
-# Linux x86_64 are built for CUDA 12.8, as the base image.
+FROM ${BASE_IMAGE}
+# Kept equal to the pins in pyproject.toml (a test checks); the requirements hold them.
 ARG TORCH_VERSION=2.9.1
 ARG MOSHI_VERSION=0.2.13
-ENV DEBIAN_FRONTEND=noninteractive \
-    PYTHONDONTWRITEBYTECODE=1 \
+ARG PIP_CERT
+# WHEELHOUSE: a folder of wheels that tools/images/build mounts from its cache, so that
+# torch and its CUDA wheels (some 4 GB) download once per machine: `pip download` keeps
+# what is already there, and the install reads only that folder. Unset (docker build),
+# pip installs from the index. No pip cache is kept (PIP_NO_CACHE_DIR).
+ARG WHEELHOUSE
+ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/asrpool \
     PATH=/opt/asrpool/bin:$PATH \
     HF_HOME=/models
-RUN apt-get update \
- && apt-get install --yes --no-install-recommends python3 python3-venv ca-certificates \
- && rm -rf /var/lib/apt/lists/* \
- && python3 -m venv /opt/asrpool \
- && pip install "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}"
-COPY --from=wheel /wheels /wheels
-RUN pip install /wheels/asrpool-*.whl \
- && rm -rf /wheels \
+COPY --from=requirements /requirements.txt /opt/requirements.txt
+RUN python3 -m venv /opt/asrpool \
+ && printf '%s\n' "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /opt/requirements.txt \
+ && if [ -n "${WHEELHOUSE:-}" ]; then \
+      pip download --quiet --dest "$WHEELHOUSE" --requirement /opt/requirements.txt \
+      && pip install --no-index --find-links "$WHEELHOUSE" --requirement /opt/requirements.txt; \
+    else pip install --requirement /opt/requirements.txt; fi \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin asrpool \
  && mkdir -p /models \
  && chown 10001:10001 /models
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-deps /wheels/asrpool-*.whl \
+ && rm -rf /wheels
 VOLUME ["/models"]
 USER 10001:10001
 EXPOSE 8080

@@ -75,17 +75,46 @@ def requirements_script() -> ModuleType:
     return module
 
 
-def test_the_server_image_is_cuda_with_torch_and_moshi_as_pinned() -> None:
-    base = args(instructions("server"))["CUDA_IMAGE"]
-    assert base.startswith("nvidia/cuda:") and "runtime" in base
+def stages(image: str) -> list[list[tuple[str, str]]]:
+    """The instructions of each stage, from its FROM."""
+    found: list[list[tuple[str, str]]] = []
+    for step in instructions(image):
+        if step[0] == "FROM":
+            found.append([])
+        if found:
+            found[-1].append(step)
+    return found
+
+
+def test_the_server_image_builds_from_the_slim_base_with_torch_and_moshi_as_pinned() -> None:
+    """No CUDA base image: torch's wheel brings its CUDA libraries (tests/images checks
+    that only the driver's are left to the host)."""
+    base = args(instructions("server"))["BASE_IMAGE"]
+    assert base.startswith("python:3.11") and base.endswith("-slim-bookworm")
     stage = final_stage("server")
-    assert stage[0] == ("FROM", "${CUDA_IMAGE}")
+    assert stage[0] == ("FROM", "${BASE_IMAGE}")
     versions = args(stage)
     assert f"=={versions['TORCH_VERSION']}" == pins()["torch"]
     assert f"=={versions['MOSHI_VERSION']}" == pins()["moshi"]
     runs = " ".join(rest for word, rest in stage if word == "RUN")
-    assert 'pip install "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}"' in runs
-    assert "pip install /wheels/asrpool-*.whl" in runs  # its pins from pyproject.toml
+    assert '"torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /opt/requirements.txt' in runs
+    assert "pip install --requirement /opt/requirements.txt" in runs
+    assert "--find-links \"$WHEELHOUSE\" --requirement /opt/requirements.txt" in runs
+    assert "pip install --no-deps /wheels/asrpool-*.whl" in runs
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_every_stage_builds_from_the_base_argument_and_pips_only_into_a_venv(image: str) -> None:
+    """So the same Dockerfile builds FROM python:3.11-slim and FROM Debian's python3,
+    which refuses a system-wide pip (PEP 668)."""
+    for stage in stages(image):
+        assert stage[0][1].split()[0] == "${BASE_IMAGE}", stage[0]
+        runs = " && ".join(rest for word, rest in stage if word == "RUN")
+        commands = [c.strip() for c in runs.split("&&")]
+        assert not any(c.startswith(("python ", "pip3 ")) for c in commands), commands
+        pips = [i for i, c in enumerate(commands) if c.split()[0].endswith("pip")]
+        venvs = [i for i, c in enumerate(commands) if c.startswith("python3 -m venv")]
+        assert not pips or (venvs and venvs[0] < pips[0]), commands
 
 
 def test_the_server_image_keeps_models_on_a_volume() -> None:
@@ -144,7 +173,7 @@ def test_the_control_image_installs_every_pin_but_the_model_stack() -> None:
     assert set(script.requirements("server", rendering.ROOT / "pyproject.toml")) == set(
         pyproject()["project"]["dependencies"])
     runs = " ".join(rest for word, rest in final_stage("control") if word == "RUN")
-    assert "pip install --requirement /wheels/requirements.txt" in runs
+    assert "pip install --requirement /opt/requirements.txt" in runs
     assert "pip install --no-deps /wheels/asrpool-*.whl" in runs
 
 

@@ -1,0 +1,83 @@
+"""The Redis image with the chart's own command and probe: the password on standard
+input, uid 999, `redis-cli ping` answering PONG only with REDISCLI_AUTH."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.chart import rendering
+from tests.images import containers
+from tests.images.conftest import Built
+
+UID = 999
+START_TIMEOUT = 30.0
+
+
+def chart_redis_container() -> dict[str, Any]:
+    manifests = rendering.render({"redis": {"enabled": True, "auth": {"enabled": True}}})
+    (statefulset,) = rendering.find(manifests, "StatefulSet")
+    return rendering.container(statefulset)
+
+
+def probe_command(container: dict[str, Any]) -> list[str]:
+    command: list[str] = container["readinessProbe"]["exec"]["command"]
+    return command
+
+
+@pytest.fixture(scope="module")
+def chart_container() -> dict[str, Any]:
+    return chart_redis_container()
+
+
+@pytest.fixture
+def redis(images: dict[str, Built], chart_container: dict[str, Any]) -> Iterator[str]:
+    """The image started as the chart starts it (its command and args, the password in
+    REDIS_PASSWORD and REDISCLI_AUTH), on a network of its own (loopback only)."""
+    password = secrets.token_hex(16)
+    env = [f"--env={name}={password}" for name in ("REDIS_PASSWORD", "REDISCLI_AUTH")]
+    assert {e["name"] for e in chart_container["env"]} == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
+    (entrypoint, *command) = [*chart_container["command"], *chart_container["args"]]
+    options = ["--network", "none", "--volume", "/data", *env]
+    with containers.started(images["redis"].name, command, options, entrypoint) as name:
+        wait_for_pong(name, probe_command(chart_container))
+        yield name
+
+
+def wait_for_pong(name: str, probe: list[str]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        done = containers.podman("exec", name, *probe, timeout=30)
+        if done.stdout.strip() == "PONG":
+            return
+        if not containers.is_running(name):
+            break
+        time.sleep(0.2)
+    pytest.fail(f"redis never answered PONG: {containers.logs(name)}")
+
+
+def test_the_chart_probe_answers_pong(redis: str, chart_container: dict[str, Any]) -> None:
+    done = containers.podman("exec", redis, *probe_command(chart_container))
+    assert (done.returncode, done.stdout.strip()) == (0, "PONG")
+
+
+def test_redis_requires_the_password_from_standard_input(
+        redis: str, chart_container: dict[str, Any]) -> None:
+    probe = " ".join(probe_command(chart_container))
+    done = containers.podman("exec", redis, "sh", "-c", f"unset REDISCLI_AUTH; exec {probe}")
+    assert "NOAUTH" in done.stdout + done.stderr
+
+
+def test_redis_server_runs_as_uid_999_with_no_password_in_its_arguments(redis: str) -> None:
+    done = containers.podman("exec", redis, "sh", "-c",
+                             "grep -E '^(Uid|Gid):' /proc/1/status; tr '\\0' ' ' < /proc/1/cmdline")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[1:] == [str(UID)] * 4
+    assert lines[1].split()[1:] == [str(UID)] * 4
+    assert lines[2].startswith("redis-server")
+    assert "requirepass" not in lines[2]
