@@ -25,6 +25,14 @@ START_TIMEOUT = 90.0
 # capability dropped, no privilege escalation.
 LOCKED_DOWN = ["--read-only", "--read-only-tmpfs=false", "--cap-drop=all",
                "--security-opt=no-new-privileges", "--runtime=runc"]
+# No network unless a test names one (the host's, bound to loopback): podman's default
+# bridge would give containers addresses in 10.88.0.0/16, a range tests never use.
+NO_NETWORK = ["--network", "none"]
+
+
+def network(options: Sequence[str]) -> list[str]:
+    return [] if any(o == "--network" or o.startswith("--network=") for o in options) \
+        else NO_NETWORK
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,8 @@ def run(image: str, command: Sequence[str], options: Sequence[str] = (),
     name = unique_name("run")
     chosen = ["--entrypoint", entrypoint] if entrypoint is not None else []
     try:
-        return podman("run", "--name", name, *LOCKED_DOWN, *options, *chosen, image, *command,
-                      timeout=timeout)
+        return podman("run", "--name", name, *LOCKED_DOWN, *network(options), *options,
+                      *chosen, image, *command, timeout=timeout)
     finally:
         remove(name)
 
@@ -62,8 +70,8 @@ def started(image: str, command: Sequence[str], options: Sequence[str] = (),
     """A detached container, yielded by name, removed when the block ends."""
     name = unique_name("svc")
     chosen = ["--entrypoint", entrypoint] if entrypoint is not None else []
-    done = podman("run", "--detach", "--name", name, *LOCKED_DOWN, *options, *chosen, image,
-                  *command)
+    done = podman("run", "--detach", "--name", name, *LOCKED_DOWN, *network(options), *options,
+                  *chosen, image, *command)
     try:
         assert done.returncode == 0, done.stderr[-2000:]
         yield name
