@@ -26,11 +26,19 @@ cluster-binaries:
 	@if command -v go >/dev/null; then tools/cluster/build >/dev/null; \
 	else echo "no Go toolchain: the control-plane tests (tests/cluster) will skip"; fi
 
-# The live page's test drives Debian's Chromium; install it when it is missing.
+# The live page's test drives Debian's Chromium; the real-node tests (tests/nodes) need
+# a container runtime, CNI plugins, netfilter tools and image builders. Install what is
+# missing.
+NODE_DEBS = containerd runc containernetworking-plugins nftables iptables conntrack \
+  iproute2 util-linux buildah skopeo busybox-static gcc libc6-dev file
 system-deps:
 	@command -v chromium >/dev/null || { \
 	  echo "installing chromium (Debian package) for the live page test"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@missing=$$(for p in $(NODE_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	  | grep -q 'ok installed' || echo $$p; done); [ -z "$$missing" ] || { \
+	  echo "installing $$missing (Debian packages) for the real-node tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -145,11 +146,21 @@ def remove(net: ClusterNet) -> list[str]:
     for node in net.nodes:
         if node.namespace_path.exists():
             _collect(errors, ["ip", "netns", "del", node.namespace])
-        if Path(f"/sys/class/net/{node.host_link}").exists():
+        # Its veth pair goes with the namespace, a moment later.
+        if _still_there(node.host_link):
             _collect(errors, ["ip", "link", "del", node.host_link])
     if Path(f"/sys/class/net/{net.bridge}").exists():
         _collect(errors, ["ip", "link", "del", net.bridge])
     return errors
+
+
+def _still_there(link: str, wait: float = 2.0) -> bool:
+    deadline = time.monotonic() + wait
+    while Path(f"/sys/class/net/{link}").exists():
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _collect(errors: list[str], argv: list[str]) -> None:

@@ -1,0 +1,49 @@
+"""What a real-node cluster may change on the host while it runs, and must restore."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from asrpool.localcluster import realnodes
+
+Snapshot = dict[str, str]
+COMMANDS = {
+    "ip link": ["ip", "-o", "link"],
+    "ip netns": ["ip", "netns", "list"],
+    "ip route": ["ip", "route", "show", "table", "all"],
+    "nft list ruleset": ["nft", "--stateless", "list", "ruleset"],
+    "iptables-save": ["iptables-save"],
+}
+
+
+def take() -> Snapshot:
+    state = {name: _run(argv) for name, argv in COMMANDS.items()}
+    state["/proc/mounts"] = Path("/proc/mounts").read_text()
+    for name in realnodes.MASKED_SYSCTLS:
+        state[f"/proc/sys/{name}"] = Path("/proc/sys", name).read_text()
+    state["cgroups"] = "\n".join(sorted(
+        str(path) for path in Path("/sys/fs/cgroup").glob("*/asrpool-*")))
+    return state
+
+
+def _run(argv: list[str]) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    # iptables-save's comments carry a time stamp; link lines their changing counters.
+    return "\n".join(line for line in out.splitlines() if not line.startswith("#"))
+
+
+def differences(before: Snapshot, after: Snapshot) -> dict[str, tuple[list[str], list[str]]]:
+    """Per item: the lines gone and the lines added."""
+    found = {}
+    for key in before.keys() | after.keys():
+        old = set(_lines(before.get(key, "")))
+        new = set(_lines(after.get(key, "")))
+        if old != new:
+            found[key] = (sorted(old - new), sorted(new - old))
+    return found
+
+
+def _lines(text: str) -> list[str]:
+    return [re.sub(r"\s+", " ", line).strip() for line in text.splitlines() if line.strip()]
