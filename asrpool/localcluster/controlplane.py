@@ -152,6 +152,8 @@ class ControlPlane:
             "--api-audiences", ISSUER,
             "--service-cluster-ip-range", SERVICE_RANGE,
             "--allow-privileged=true",
+            # Real nodes' names resolve nowhere: logs and exec dial their addresses.
+            "--kubelet-preferred-address-types", "InternalIP,Hostname",
             "--profiling=false",
             "--cert-dir", str(self.workdir / "pki"),
             "--v", "0"])

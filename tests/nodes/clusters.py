@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-IMAGE = "localhost/asrpool/nodetest:0.1"  # tools/cluster/node-images: a static busybox
+IMAGE = "localhost/asrpool/nodetest:0.2"  # tools/cluster/node-images: a static busybox
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,17 @@ class NodeCluster:
 
     def exec(self, namespace: str, pod: str, *command: str) -> str:
         return self.kubectl("exec", "--namespace", namespace, pod, "--", *command).stdout
+
+    def http_get(self, namespace: str, pod: str, host: str, port: int,
+                 check: bool = True) -> str:
+        """The body ``pod`` gets for ``GET /`` from ``host:port`` (busybox's nc: this
+        busybox's wget crashes), or the error."""
+        request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {host} {port}"
+        result = self.kubectl("exec", "--namespace", namespace, pod, "--", "sh", "-c",
+                              request, check=check)
+        if result.returncode != 0:
+            return f"(failed: {result.stderr.strip()})"
+        return result.stdout.replace("\r", "").partition("\n\n")[2].strip()
 
     def wait_for_service_account(self, namespace: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -82,16 +82,21 @@ class Running:
 
 
 @pytest.fixture(scope="session")
-def host_before() -> hoststate.Snapshot:
+def built() -> tuple[Path, list[str]]:
+    """The binaries' folder and the node images' archives."""
     _check_host()
+    return Path(_tool_output("build")[-1]), _tool_output("node-images")
+
+
+@pytest.fixture(scope="session")
+def host_before(built: tuple[Path, list[str]]) -> hoststate.Snapshot:
     return hoststate.take()
 
 
 @pytest.fixture(scope="session")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory,
+def real_cluster(tmp_path_factory: pytest.TempPathFactory, built: tuple[Path, list[str]],
                  host_before: hoststate.Snapshot) -> Iterator[tuple[NodeCluster, Running]]:
-    bin_dir = Path(_tool_output("build")[-1])
-    archives = _tool_output("node-images")
+    bin_dir, archives = built
     workdir = tmp_path_factory.mktemp("realnodes")
     kubeconfig = workdir / "kubeconfig"
     log = workdir / "up.log"

@@ -58,9 +58,7 @@ def test_a_pod_reaches_a_pod_on_the_other_node_by_its_address(
     cluster.wait_ready(namespace, "pod/server")
     cluster.wait_ready(namespace, "pod/client")
     server_ip = cluster.get(namespace, "pod", "server")["status"]["podIP"]
-    answer = cluster.exec(namespace, "client", "wget", "-q", "-T", "5", "-O", "-",
-                          f"http://{server_ip}:8080/")
-    assert answer.strip() == "server"
+    assert cluster.http_get(namespace, "client", server_ip, 8080) == "server"
 
 
 def test_a_service_address_and_its_dns_name_reach_a_pod(
@@ -80,21 +78,20 @@ def test_a_service_address_and_its_dns_name_reach_a_pod(
     dns_name = f"backend.{namespace}.svc.cluster.local"
     for caller in ("caller", "neighbour"):  # from the other node and from the same one
         for target in (vip, dns_name):
-            answer = _fetch(cluster, namespace, caller, f"http://{target}/")
+            answer = _fetch(cluster, namespace, caller, target)
             assert answer == "backend", (caller, target, answer)
     looked_up = cluster.exec(namespace, "caller", "nslookup", dns_name)
     assert vip in looked_up
 
 
-def _fetch(cluster: NodeCluster, namespace: str, pod: str, url: str) -> str:
-    """``wget`` from ``pod``, retried for a few seconds: kube-proxy and the DNS learn a
-    new Service's endpoints a moment after the pod is Ready."""
+def _fetch(cluster: NodeCluster, namespace: str, pod: str, host: str) -> str:
+    """``GET /`` on port 80 from ``pod``, retried for a few seconds: kube-proxy and the
+    DNS learn a new Service's endpoints a moment after the pod is Ready."""
     deadline = time.monotonic() + 20
     while True:
-        result = cluster.kubectl("exec", "--namespace", namespace, pod, "--", "wget", "-q",
-                                 "-T", "3", "-O", "-", url, check=False)
-        if result.returncode == 0 or time.monotonic() > deadline:
-            return result.stdout.strip() or result.stderr.strip()
+        answer = cluster.http_get(namespace, pod, host, 80, check=False)
+        if answer == "backend" or time.monotonic() > deadline:
+            return answer
         time.sleep(1)
 
 

@@ -14,7 +14,7 @@ def test_stopping_leaves_the_host_as_it_found_it(
         real_cluster: tuple[NodeCluster, Running], host_before: hoststate.Snapshot) -> None:
     cluster, running = real_cluster
     # Something running in a container when the stop comes.
-    cluster.kubectl("run", "last", "--image", "localhost/asrpool/nodetest:0.1",
+    cluster.kubectl("run", "last", "--image", "localhost/asrpool/nodetest:0.2",
                     "--image-pull-policy", "Never", "--restart", "Never", "--",
                     "sleep", "3600")
     cluster.kubectl("wait", "--for=condition=Ready", "pod/last", "--timeout=90s", timeout=100)
