@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 
 from asrpool.common import processes
-from asrpool.localcluster import agent, controlplane, images, nodes, realnodes
+from asrpool.localcluster import agent, controlplane, imagecache, images, nodes, realnodes
 
 READY_TIMEOUT = 120.0
 REAL_READY_TIMEOUT = 180.0
@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pause-archive", type=Path, default=None,
                         help="with --real-nodes: the pause image's OCI archive "
                         "(tools/cluster/node-images)")
+    parser.add_argument("--image-cache", type=Path, default=None,
+                        help="with --real-nodes: where containerd roots with the images "
+                        "loaded are kept (default: ~/.cache/asrpool/containerd-seeds)")
     return parser
 
 
@@ -116,15 +119,15 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
     try:
         archives = images.archives([*([str(args.pause_archive)] if args.pause_archive else []),
                                     *args.images], workdir / "images")
-        real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes, _cluster_id())
+        real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes, _cluster_id(),
+                                   args.image_cache or imagecache.default_dir())
         real.create_network()
         plane = controlplane.ControlPlane(controlplane.Binaries.find(args.bin_dir), workdir,
                                           real.address)
         access = plane.start()
         args.kubeconfig.write_text(access.kubeconfig())
         loaded = real.start(access, archives)
-        print(f"images loaded into {args.real_nodes} node(s) in {loaded:.1f} s",
-              file=sys.stderr)
+        print(f"images ready for {args.real_nodes} node(s) in {loaded:.1f} s", file=sys.stderr)
         _wait_ready(real)
         print("ready", flush=True)
         _serve(args, stop, [plane.check_alive, real.check_alive])

@@ -23,7 +23,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from asrpool.localcluster import (
     cni,
     containerd,
     controlplane,
+    imagecache,
     kubelets,
     netns,
 )
@@ -110,15 +111,38 @@ class RealNode:
     def log(self, program: str) -> Path:
         return self.directory / "logs" / f"{program}.log"
 
-    def start_runtime(self) -> None:
-        """The node's namespaces and cgroup held, its containerd answering."""
+    def start_namespaces(self) -> None:
+        """The node's cgroup made, its network and mount namespaces held."""
         self.cgroup.create()
         self._start_holder()
+
+    def start_runtime(self, seed_root: Path) -> None:
+        """The node's containerd, from a copy of the seed's images, answering."""
+        imagecache.copy(seed_root, self.runtime.root)
         conf_dir = cni.write(self.net, self.directory / "cni")
-        containerd.write(self.runtime, conf_dir)
-        child = self._enter("containerd", ["containerd", "--config", str(self.runtime.config)])
-        processes.wait_until(lambda: containerd.answers(self.runtime), START_TIMEOUT,
+        self._start_containerd(self.runtime, conf_dir)
+
+    def _start_containerd(self, paths: containerd.Paths, conf_dir: Path) -> processes.Child:
+        containerd.write(paths, conf_dir)
+        child = self._enter("containerd", ["containerd", "--config", str(paths.config)])
+        processes.wait_until(lambda: containerd.answers(paths), START_TIMEOUT,
                              f"{self.name}'s containerd", [child])
+        return child
+
+    def fill_seed(self, archives: Sequence[Path]) -> Callable[[Path], None]:
+        """What imports ``archives`` into a seed root under a folder, in this node."""
+        def fill(directory: Path) -> None:
+            paths = containerd.Paths(directory)
+            child = self._start_containerd(paths, cni.write(self.net, directory / "cni"))
+            try:
+                for archive in archives:
+                    containerd.import_archive(paths, archive)
+            finally:
+                child.stop(STOP_TIMEOUT)
+                self.children.remove(child)
+            for leftover in (paths.state, paths.runc_root, directory / "cni"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        return fill
 
     def _start_holder(self) -> None:
         ready = self.directory / "holder.ready"
@@ -145,10 +169,6 @@ class RealNode:
             *argv], self.log(program))
         self.children.append(child)
         return child
-
-    def load(self, archives: Sequence[Path]) -> None:
-        for archive in archives:
-            containerd.import_archive(self.runtime, archive)
 
     def start_kubelet(self, kubeconfig: Path, cluster_dns: str) -> None:
         resolv = self.directory / "resolv.conf"
@@ -191,8 +211,10 @@ class RealNode:
 class RealNodes:
     """The network, the cluster DNS and every node; started in that order."""
 
-    def __init__(self, bin_dir: Path, workdir: Path, count: int, cluster: str) -> None:
+    def __init__(self, bin_dir: Path, workdir: Path, count: int, cluster: str,
+                 image_cache: Path) -> None:
         self.binaries = NodeBinaries.find(bin_dir)
+        self.image_cache = image_cache
         self.kubectl = bin_dir / "kubectl"
         self.workdir = workdir
         self.net = netns.ClusterNet.plan(cluster, count)
@@ -209,16 +231,19 @@ class RealNodes:
         netns.create(self.net)
 
     def start(self, access: controlplane.Access, archives: Sequence[Path]) -> float:
-        """DNS and every node's runtime, images and kubelet; the seconds images took."""
+        """DNS and every node's runtime, images and kubelet; the seconds the images took
+        (to import them into a new seed, or to find it)."""
         self.kubeconfig = self.workdir / "node.kubeconfig"
         self.kubeconfig.write_text(access.kubeconfig())
         self.dns = clusterdns.start(self.binaries.coredns, netns.HOST_ADDRESS,
                                     self.kubeconfig, self.workdir)
         with futures.ThreadPoolExecutor(len(self.nodes)) as pool:
-            list(pool.map(lambda node: node.start_runtime(), self.nodes))
+            list(pool.map(lambda node: node.start_namespaces(), self.nodes))
             began = time.monotonic()
-            list(pool.map(lambda node: node.load(archives), self.nodes))
+            seed = imagecache.ensure(self.image_cache, archives,
+                                     self.nodes[0].fill_seed(archives))
             loaded = time.monotonic() - began
+            list(pool.map(lambda node: node.start_runtime(seed), self.nodes))
         for node in self.nodes:
             node.start_kubelet(self.kubeconfig, netns.HOST_ADDRESS)
         return loaded
