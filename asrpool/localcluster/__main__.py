@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -119,7 +118,8 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
     try:
         archives = images.archives([*([str(args.pause_archive)] if args.pause_archive else []),
                                     *args.images], workdir / "images")
-        real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes, _cluster_id(),
+        real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes,
+                                   realnodes.cluster_id(os.getpid()),
                                    args.image_cache or imagecache.default_dir())
         real.create_network()
         plane = controlplane.ControlPlane(controlplane.Binaries.find(args.bin_dir), workdir,
@@ -163,10 +163,6 @@ def _serve(args: argparse.Namespace, stop: threading.Event,
             check()
         if args.exit_with_parent and os.getppid() != parent:
             break
-
-
-def _cluster_id() -> str:
-    return secrets.token_hex(2)
 
 
 def _on_signals(stop: threading.Event) -> None:

@@ -82,6 +82,45 @@ def missing_tool() -> str | None:
     return None
 
 
+def cluster_id(pid: int) -> str:
+    """A cluster's name: its owner's PID in hex, so a cluster whose owner was killed
+    (SIGKILL leaves no time to stop) is known as stale by the next one."""
+    return f"{pid:x}"
+
+
+def stale_clusters() -> set[str]:
+    """Clusters with namespaces, bridges or cgroups left behind and no live owner."""
+    found = {path.name.split("-")[1] for path in netns.NETNS_DIR.glob("asrpool-*-node-*")}
+    found |= {path.name.removeprefix("asrpbr-")
+              for path in Path("/sys/class/net").glob("asrpbr-*")}
+    for hierarchy in cgroups.hierarchies():
+        found |= {path.name.split("-")[1] for path in hierarchy.glob("asrpool-*-node-*")}
+    return {cluster for cluster in found if not _owner_alive(cluster)}
+
+
+def _owner_alive(cluster: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{int(cluster, 16)}/cmdline").read_bytes()
+    except (ValueError, OSError):
+        return False
+    return b"asrpool.localcluster" in cmdline
+
+
+def clean(cluster: str) -> list[str]:
+    """Kill and remove what a stale cluster left; what could not be removed."""
+    indices = {int(path.name.rsplit("-", 1)[1])
+               for path in [*netns.NETNS_DIR.glob(f"asrpool-{cluster}-node-*"),
+                            *(path for hierarchy in cgroups.hierarchies()
+                              for path in hierarchy.glob(f"asrpool-{cluster}-node-*"))]}
+    left: list[str] = []
+    for index in sorted(indices):
+        cgroup = cgroups.NodeCgroup(netns.NodeNet(cluster, index).namespace)
+        cgroup.kill()
+        left += cgroup.remove()
+    net = netns.ClusterNet(cluster, tuple(netns.NodeNet(cluster, i) for i in sorted(indices)))
+    return left + netns.remove(net)
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeBinaries:
     kubelet: Path
@@ -228,6 +267,11 @@ class RealNodes:
         return netns.HOST_ADDRESS
 
     def create_network(self) -> None:
+        for cluster in stale_clusters():
+            problems = clean(cluster)
+            if problems:
+                raise processes.StartError(
+                    f"a stale real-node cluster ({cluster}) could not be removed: {problems}")
         netns.create(self.net)
 
     def start(self, access: controlplane.Access, archives: Sequence[Path]) -> float:
