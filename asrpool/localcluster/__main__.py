@@ -116,11 +116,12 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
     plane: controlplane.ControlPlane | None = None
     failed = False
     try:
+        seeds = args.image_cache or imagecache.default_dir()
         archives = images.archives([*([str(args.pause_archive)] if args.pause_archive else []),
-                                    *args.images], workdir / "images")
+                                    *args.images], seeds.parent / "oci-from-podman")
         real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes,
                                    realnodes.cluster_id(os.getpid()),
-                                   args.image_cache or imagecache.default_dir())
+                                   seeds)
         real.create_network()
         plane = controlplane.ControlPlane(controlplane.Binaries.find(args.bin_dir), workdir,
                                           real.address)

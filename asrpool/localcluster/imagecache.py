@@ -29,6 +29,7 @@ DATABASE_SUFFIX = ".db"
 
 
 def default_dir() -> Path:
+    """Under ``ASRPOOL_CACHE`` as ``tools/cluster/build`` has it (~/.cache/asrpool)."""
     base = os.environ.get("ASRPOOL_CACHE")
     if base:
         return Path(base) / "containerd-seeds"
