@@ -27,6 +27,7 @@ from tests.nodes.clusters import NodeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools" / "cluster"
+CONTROL_IMAGE = "ghcr.io/asrpool/asrpool-control:0.1.0"  # tools/images/build makes it
 START_TIMEOUT = 400.0
 STOP_TIMEOUT = 90.0
 
@@ -83,9 +84,33 @@ class Running:
 
 @pytest.fixture(scope="session")
 def built() -> tuple[Path, list[str]]:
-    """The binaries' folder and the node images' archives."""
+    """The binaries' folder and the images to load: the node images' archives, and the
+    project's control image when podman's store has it."""
     _check_host()
-    return Path(_tool_output("build")[-1]), _tool_output("node-images")
+    images = _tool_output("node-images")
+    if _in_podman_storage(CONTROL_IMAGE):
+        images.append(CONTROL_IMAGE)
+    return Path(_tool_output("build")[-1]), images
+
+
+def _in_podman_storage(name: str) -> bool:
+    if shutil.which("podman") is None:
+        return False
+    return subprocess.run(["podman", "image", "exists", name], check=False,
+                          capture_output=True, timeout=120).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def control_image(built: tuple[Path, list[str]]) -> str:
+    """The project's control image, loaded into the nodes; without it (no
+    ``tools/images/build`` run yet) the tests that need it skip, failing under CI once
+    the repository has that tool."""
+    if CONTROL_IMAGE not in built[1]:
+        reason = f"{CONTROL_IMAGE} is not in podman's storage (run tools/images/build)"
+        if (ROOT / "tools" / "images" / "build").exists():
+            _unavailable(reason)
+        pytest.skip(reason)
+    return CONTROL_IMAGE
 
 
 @pytest.fixture(scope="session")

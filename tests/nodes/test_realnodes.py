@@ -50,6 +50,27 @@ def test_a_deployment_runs_in_its_own_network_namespace_with_a_pod_address(
         assert cluster.exec(namespace, name, "cat", "/proc/1/comm").strip() == "httpd"
 
 
+def test_the_control_image_runs_as_its_user_with_a_read_only_root(
+        cluster: NodeCluster, namespace: str, control_image: str) -> None:
+    container = {
+        "name": "main", "image": control_image, "imagePullPolicy": "Never",
+        "command": ["python", "-m", "http.server", "8080", "--bind", "0.0.0.0",
+                    "--directory", "/opt/asrpool"],
+        "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False},
+        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}
+    cluster.apply(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "control"},
+        "spec": {"securityContext": {"runAsUser": 10001, "runAsGroup": 10001,
+                                     "runAsNonRoot": True},
+                 "containers": [container]}})
+    cluster.wait_ready(namespace, "pod/control", timeout=120)
+    assert cluster.exec(namespace, "control", "id", "-u").strip() == "10001"
+    write = cluster.kubectl("exec", "--namespace", namespace, "control", "--", "touch", "/x",
+                            check=False)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
+    assert "usage: asrpool" in cluster.exec(namespace, "control", "asrpool", "--help")
+
+
 def test_a_pod_reaches_a_pod_on_the_other_node_by_its_address(
         cluster: NodeCluster, namespace: str) -> None:
     cluster.apply(namespace,
@@ -80,8 +101,9 @@ def test_a_service_address_and_its_dns_name_reach_a_pod(
         for target in (vip, dns_name):
             answer = _fetch(cluster, namespace, caller, target)
             assert answer == "backend", (caller, target, answer)
-    looked_up = cluster.exec(namespace, "caller", "nslookup", dns_name)
-    assert vip in looked_up
+    looked_up = cluster.kubectl("exec", "--namespace", namespace, "caller", "--", "nslookup",
+                                "-type=a", f"{dns_name}.", check=False)
+    assert vip in looked_up.stdout, (looked_up.stdout, looked_up.stderr)
 
 
 def _fetch(cluster: NodeCluster, namespace: str, pod: str, host: str) -> str:
