@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pause-archive", type=Path, default=None,
                         help="with --real-nodes: the pause image's OCI archive "
                         "(tools/cluster/node-images)")
+    parser.add_argument("--ready-timeout", type=float, default=REAL_READY_TIMEOUT,
+                        help="with --real-nodes: seconds the nodes have to become Ready "
+                        f"(default {REAL_READY_TIMEOUT:.0f})")
     parser.add_argument("--image-cache", type=Path, default=None,
                         help="with --real-nodes: where containerd roots with the images "
                         "loaded are kept (default: ~/.cache/asrpool/containerd-seeds)")
@@ -129,7 +132,7 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
         args.kubeconfig.write_text(access.kubeconfig())
         loaded = real.start(access, archives)
         print(f"images ready for {args.real_nodes} node(s) in {loaded:.1f} s", file=sys.stderr)
-        _wait_ready(real)
+        _wait_ready(real, args.ready_timeout)
         print("ready", flush=True)
         _serve(args, stop, [plane.check_alive, real.check_alive])
     except processes.StartError as exc:
@@ -149,9 +152,9 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
     return 0
 
 
-def _wait_ready(real: realnodes.RealNodes) -> None:
+def _wait_ready(real: realnodes.RealNodes, timeout: float) -> None:
     try:
-        processes.wait_until(real.ready, REAL_READY_TIMEOUT, "the real nodes", period=1.0)
+        processes.wait_until(real.ready, timeout, "the real nodes", period=1.0)
     except processes.StartError as exc:
         raise processes.StartError(f"{exc}: {real.why_not_ready()}") from exc
 

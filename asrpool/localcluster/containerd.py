@@ -21,9 +21,17 @@ NAMESPACE = "k8s.io"  # the CRI's containerd namespace
 RUNC = Path("/usr/sbin/runc")
 
 
+SOCKETS = Path("/run/asrpool")  # in the node's mount namespace (a private tmpfs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Paths:
+    """Files under ``directory``; the socket in the node's own /run, where its path is
+    short whatever the folder's (a unix socket's path has at most 104 bytes here)."""
+
     directory: Path
+    holder: int  # the PID of the process holding the node's namespaces
+    name: str = "containerd"
 
     @property
     def root(self) -> Path:
@@ -35,7 +43,13 @@ class Paths:
 
     @property
     def socket(self) -> Path:
-        return self.directory / "containerd.sock"
+        """As the node's programs see it."""
+        return SOCKETS / f"{self.name}.sock"
+
+    @property
+    def host_socket(self) -> Path:
+        """The same socket as the host sees it, through the holder's root."""
+        return Path(f"/proc/{self.holder}/root") / self.socket.relative_to("/")
 
     @property
     def config(self) -> Path:
@@ -98,7 +112,7 @@ def write(paths: Paths, cni_conf_dir: Path) -> None:
 
 
 def ctr(paths: Paths, *args: str, timeout: float = 600.0) -> str:
-    argv = ["ctr", "--address", str(paths.socket), "--namespace", NAMESPACE, *args]
+    argv = ["ctr", "--address", str(paths.host_socket), "--namespace", NAMESPACE, *args]
     result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
     if result.returncode != 0:
         raise processes.StartError(f"ctr {' '.join(args)}: {result.stderr.strip()}")
@@ -106,7 +120,7 @@ def ctr(paths: Paths, *args: str, timeout: float = 600.0) -> str:
 
 
 def answers(paths: Paths) -> bool:
-    return paths.socket.exists() and bool(ctr(paths, "version", timeout=5.0))
+    return paths.host_socket.exists() and bool(ctr(paths, "version", timeout=5.0))
 
 
 def image_names(paths: Paths) -> set[str]:

@@ -56,7 +56,7 @@ echo $$ > "$1"
 ready=$2
 shift 2
 for dir in /run /var/lib /var/log; do mount -t tmpfs -o mode=755 asrpool-node "$dir"; done
-mkdir -p /run/netns /run/lock
+mkdir -p /run/netns /run/lock /run/asrpool
 while [ $# -gt 0 ]; do mount --bind "$1" "/proc/sys/$2"; shift 2; done
 touch "$ready"
 exec sleep infinity
@@ -143,7 +143,7 @@ class RealNode:
         self.name = f"node-{net.index}"
         self.directory = workdir / self.name
         self.cgroup = cgroups.NodeCgroup(net.namespace)
-        self.runtime = containerd.Paths(self.directory / "containerd")
+        self.runtime_dir = self.directory / "containerd"
         self.children: list[processes.Child] = []
         self.holder: processes.Child | None = None
 
@@ -154,6 +154,11 @@ class RealNode:
         """The node's cgroup made, its network and mount namespaces held."""
         self.cgroup.create()
         self._start_holder()
+
+    @property
+    def runtime(self) -> containerd.Paths:
+        assert self.holder is not None
+        return containerd.Paths(self.runtime_dir, self.holder.process.pid)
 
     def start_runtime(self, seed_root: Path) -> None:
         """The node's containerd, from a copy of the seed's images, answering."""
@@ -171,7 +176,8 @@ class RealNode:
     def fill_seed(self, archives: Sequence[Path]) -> Callable[[Path], None]:
         """What imports ``archives`` into a seed root under a folder, in this node."""
         def fill(directory: Path) -> None:
-            paths = containerd.Paths(directory)
+            assert self.holder is not None
+            paths = containerd.Paths(directory, self.holder.process.pid, "seed")
             child = self._start_containerd(paths, cni.write(self.net, directory / "cni"))
             try:
                 for archive in archives:
