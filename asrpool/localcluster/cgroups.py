@@ -50,6 +50,12 @@ class NodeCgroup:
                 for key in ("cpuset.cpus", "cpuset.mems"):
                     (directory / key).write_text((hierarchy / key).read_text())
 
+    def join(self) -> Path:
+        """Move this process (all its threads) in; the tracking cgroup it was in."""
+        before = own_cgroup()
+        self.procs.write_text(str(os.getpid()))
+        return before
+
     def pids(self) -> set[int]:
         found: set[int] = set()
         for hierarchy in hierarchies(self.root):
@@ -84,6 +90,19 @@ class NodeCgroup:
                 else:
                     left.append(str(directory))
         return left
+
+
+def own_cgroup(root: Path = ROOT) -> Path:
+    """The folder of this process's cgroup in the tracking hierarchy."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if TRACKING in controllers.split(","):
+            return root / TRACKING / path.lstrip("/")
+    raise RuntimeError(f"this host mounts no {TRACKING} cgroup hierarchy")
+
+
+def return_to(directory: Path) -> None:
+    (directory / "cgroup.procs").write_text(str(os.getpid()))
 
 
 def _tree(top: Path) -> Iterator[Path]:

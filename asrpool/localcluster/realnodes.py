@@ -95,7 +95,14 @@ def stale_clusters() -> set[str]:
               for path in Path("/sys/class/net").glob("asrpbr-*")}
     for hierarchy in cgroups.hierarchies():
         found |= {path.name.split("-")[1] for path in hierarchy.glob("asrpool-*-node-*")}
+        found |= {path.name.split("-")[1] for path in hierarchy.glob("asrpool-*-plane")}
     return {cluster for cluster in found if not _owner_alive(cluster)}
+
+
+def plane_cgroup(cluster: str) -> str:
+    """The cgroup of ``up`` itself and so of the control plane and CoreDNS it starts:
+    what a killed owner leaves running there is killed with its nodes."""
+    return f"asrpool-{cluster}-plane"
 
 
 def _owner_alive(cluster: str) -> bool:
@@ -113,8 +120,9 @@ def clean(cluster: str) -> list[str]:
                             *(path for hierarchy in cgroups.hierarchies()
                               for path in hierarchy.glob(f"asrpool-{cluster}-node-*"))]}
     left: list[str] = []
-    for index in sorted(indices):
-        cgroup = cgroups.NodeCgroup(netns.NodeNet(cluster, index).namespace)
+    names = [netns.NodeNet(cluster, index).namespace for index in sorted(indices)]
+    for name in [plane_cgroup(cluster), *names]:
+        cgroup = cgroups.NodeCgroup(name)
         cgroup.kill()
         left += cgroup.remove()
     net = netns.ClusterNet(cluster, tuple(netns.NodeNet(cluster, i) for i in sorted(indices)))
@@ -266,6 +274,8 @@ class RealNodes:
         self.nodes = [RealNode(node, self.binaries, workdir) for node in self.net.nodes]
         self.dns: processes.Child | None = None
         self.kubeconfig: Path | None = None
+        self.plane = cgroups.NodeCgroup(plane_cgroup(cluster))
+        self.came_from: Path | None = None
 
     @property
     def address(self) -> str:
@@ -278,6 +288,8 @@ class RealNodes:
             if problems:
                 raise processes.StartError(
                     f"a stale real-node cluster ({cluster}) could not be removed: {problems}")
+        self.plane.create()
+        self.came_from = self.plane.join()
         netns.create(self.net)
 
     def start(self, access: controlplane.Access, archives: Sequence[Path]) -> float:
@@ -339,4 +351,11 @@ class RealNodes:
         return left
 
     def remove_network(self) -> list[str]:
-        return netns.remove(self.net)
+        """The network, then this process back where it was and the plane's cgroup
+        removed (anything still in it killed first)."""
+        left = netns.remove(self.net)
+        if self.came_from is not None:
+            cgroups.return_to(self.came_from)
+            self.came_from = None
+        self.plane.kill()
+        return left + self.plane.remove()
