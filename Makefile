@@ -26,20 +26,17 @@ cluster-binaries:
 	@if command -v go >/dev/null; then tools/cluster/build >/dev/null; \
 	else echo "no Go toolchain: the control-plane tests (tests/cluster) will skip"; fi
 
-# The live page's test drives Debian's Chromium; the image tests (tools/images/build,
-# tests/images) need buildah, podman, runc, mmdebstrap and a static libc for the pause
-# image. Install what is missing (command:Debian package).
-IMAGE_TOOLS := buildah:buildah podman:podman runc:runc mmdebstrap:mmdebstrap \
-	newuidmap:uidmap gcc:gcc curl:curl
+# Debian packages the tests need, installed when missing: Chromium (the live page's
+# test); image builders and a static libc for the pause image (tools/images/build,
+# tests/images); a container runtime, CNI plugins and netfilter tools (the real nodes,
+# tests/nodes).
+TEST_DEBS = chromium buildah podman runc mmdebstrap uidmap gcc libc6-dev curl skopeo \
+  containerd containernetworking-plugins nftables iptables conntrack iproute2 util-linux \
+  busybox-static file
 system-deps:
-	@command -v chromium >/dev/null || { \
-	  echo "installing chromium (Debian package) for the live page test"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	@missing=""; \
-	for pair in $(IMAGE_TOOLS); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
-	[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
-	[ -z "$$missing" ] || { \
-	  echo "installing$$missing (Debian packages) for the image tests (tests/images)"; \
+	@missing=$$(for p in $(TEST_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	  | grep -q 'ok installed' || echo $$p; done); [ -z "$$missing" ] || { \
+	  echo "installing" $$missing "(Debian packages) for the tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
 lint: $(STAMP)

@@ -1,9 +1,11 @@
-"""``python -m asrpool.localcluster --kubeconfig FILE [--nodes N] [--gpus-per-node G]``.
+"""``python -m asrpool.localcluster --kubeconfig FILE [--nodes N] [--gpus-per-node G]``
+or ``... --real-nodes N [--images ARCHIVE_OR_DIR_OR_NAME...]``.
 
-Starts the control plane and the node agent, writes an admin kubeconfig to FILE, prints
-``ready`` once every node is Ready, and on SIGINT or SIGTERM stops everything (pods
-first, then the scheduler, the controllers, the API server and etcd) and removes its
-files. ``tools/cluster/up`` builds the binaries first and runs this.
+Starts the control plane and the node agent (or N real nodes: :mod:`realnodes`), writes
+an admin kubeconfig to FILE, prints ``ready`` once every node is Ready, and on SIGINT or
+SIGTERM stops everything (pods first, then the scheduler, the controllers, the API
+server and etcd) and removes its files. ``tools/cluster/up`` builds the binaries first
+and runs this.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
 from asrpool.common import processes
-from asrpool.localcluster import agent, controlplane, nodes
+from asrpool.localcluster import agent, controlplane, imagecache, images, nodes, realnodes
 
 READY_TIMEOUT = 120.0
+REAL_READY_TIMEOUT = 180.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
                         " (a test run killed before its teardown leaves no cluster behind)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep files (logs, etcd, pods) here instead of a temporary folder")
+    parser.add_argument("--real-nodes", type=int, default=0, metavar="N",
+                        help="N real nodes (kubelet, containerd, kube-proxy in network "
+                        "namespaces) instead of the node agent's")
+    parser.add_argument("--images", nargs="*", default=[], metavar="IMAGE",
+                        help="with --real-nodes: OCI archives, folders of them, or image "
+                        "names in podman's storage, loaded into every node")
+    parser.add_argument("--pause-archive", type=Path, default=None,
+                        help="with --real-nodes: the pause image's OCI archive "
+                        "(tools/cluster/node-images)")
+    parser.add_argument("--ready-timeout", type=float, default=REAL_READY_TIMEOUT,
+                        help="with --real-nodes: seconds the nodes have to become Ready "
+                        f"(default {REAL_READY_TIMEOUT:.0f})")
+    parser.add_argument("--image-cache", type=Path, default=None,
+                        help="with --real-nodes: where containerd roots with the images "
+                        "loaded are kept (default: ~/.cache/asrpool/containerd-seeds)")
     return parser
 
 
@@ -55,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     _on_signals(stop)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="asrpool-cluster-"))
+    if args.real_nodes:
+        return _run_real(args, stop, workdir)
     shapes = [nodes.NodeShape(f"node-{i}", i, args.gpus_per_node) for i in range(args.nodes)]
     plane: controlplane.ControlPlane | None = None
     node_agent: agent.NodeAgent | None = None
@@ -85,6 +105,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workdir is None and not failed:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) -> int:
+    """The control plane with real nodes; the host left as found when it stops."""
+    problem = realnodes.missing_tool()
+    if problem is not None:
+        print(f"tools/cluster/up: {problem}", file=sys.stderr)
+        return 1
+    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = workdir.resolve()
+    real: realnodes.RealNodes | None = None
+    plane: controlplane.ControlPlane | None = None
+    failed = False
+    try:
+        seeds = args.image_cache or imagecache.default_dir()
+        archives = images.archives([*([str(args.pause_archive)] if args.pause_archive else []),
+                                    *args.images], seeds.parent / "oci-from-podman")
+        real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes,
+                                   realnodes.cluster_id(os.getpid()),
+                                   seeds)
+        real.create_network()
+        plane = controlplane.ControlPlane(controlplane.Binaries.find(args.bin_dir), workdir,
+                                          real.address)
+        access = plane.start()
+        args.kubeconfig.write_text(access.kubeconfig())
+        loaded = real.start(access, archives)
+        print(f"images ready for {args.real_nodes} node(s) in {loaded:.1f} s", file=sys.stderr)
+        _wait_ready(real, args.ready_timeout)
+        print("ready", flush=True)
+        _serve(args, stop, [plane.check_alive, real.check_alive])
+    except processes.StartError as exc:
+        failed = True
+        print(f"tools/cluster/up: {exc} (logs kept: {workdir})", file=sys.stderr)
+        return 1
+    finally:
+        _block_signals()
+        left = real.stop() if real is not None else []
+        if plane is not None:
+            plane.stop()
+        left += real.remove_network() if real is not None else []
+        for problem in left:
+            print(f"tools/cluster/up: could not remove {problem}", file=sys.stderr)
+        if args.workdir is None and not failed:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _wait_ready(real: realnodes.RealNodes, timeout: float) -> None:
+    try:
+        processes.wait_until(real.ready, timeout, "the real nodes", period=1.0)
+    except processes.StartError as exc:
+        raise processes.StartError(f"{exc}: {real.why_not_ready()}") from exc
+
+
+def _serve(args: argparse.Namespace, stop: threading.Event,
+           checks: Sequence[Callable[[], None]]) -> None:
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        for check in checks:
+            check()
+        if args.exit_with_parent and os.getppid() != parent:
+            break
 
 
 def _on_signals(stop: threading.Event) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 DAYS = "3650"
@@ -19,8 +20,9 @@ class Certificates:
     service_account_public: Path
 
 
-def make(directory: Path) -> Certificates:
-    """A CA, an API-server serving certificate for 127.0.0.1, a service-account key pair."""
+def make(directory: Path, addresses: Sequence[str] = ()) -> Certificates:
+    """A CA, an API-server serving certificate for 127.0.0.1 (and ``addresses``: where
+    real nodes and pods dial it), a service-account key pair."""
     if shutil.which("openssl") is None:
         raise RuntimeError("the openssl command is not on PATH (Debian package openssl)")
     directory.mkdir(parents=True, exist_ok=True)
@@ -35,9 +37,12 @@ def make(directory: Path) -> Certificates:
     _openssl("req", "-new", "-key", str(certs.serving_key), "-subj", "/CN=kube-apiserver",
              "-out", str(request))
     extensions = directory / "apiserver.ext"
+    ips = "".join(f"IP:{ip}," for ip in addresses if ip != "127.0.0.1")
     extensions.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-        "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
+        f"subjectAltName=IP:127.0.0.1,{ips}"
+        "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", str(request), "-CA", str(certs.ca_cert),
              "-CAkey", str(ca_key), "-CAcreateserial", "-days", DAYS,
              "-extfile", str(extensions), "-out", str(certs.serving_cert))

@@ -23,7 +23,10 @@ from asrpool.localcluster import certs
 
 STOP_TIMEOUT = 10.0
 START_TIMEOUT = 120.0
-SERVICE_RANGE = "10.96.0.0/16"  # addresses handed to ClusterIP Services; never dialled here
+# ClusterIP Services' addresses, in the benchmarking range (RFC 2544) like the real
+# nodes' networks: dialled only inside the network namespaces of real nodes.
+SERVICE_RANGE = "198.19.0.0/16"
+KUBERNETES_SERVICE_IP = "198.19.0.1"  # the first address of the range
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -89,13 +92,16 @@ class Access:
 class ControlPlane:
     """Starts the four programs in order, each waited for; stops them in reverse."""
 
-    def __init__(self, binaries: Binaries, workdir: Path) -> None:
-        self.binaries, self.workdir = binaries, workdir
+    def __init__(self, binaries: Binaries, workdir: Path,
+                 address: str = processes.LOOPBACK) -> None:
+        """``address``: where the API server listens and what it advertises (loopback, or
+        the host's address on the bridge of real nodes, which their pods reach)."""
+        self.binaries, self.workdir, self.address = binaries, workdir, address
         self.children: list[processes.Child] = []
         self.access: Access | None = None
 
     def start(self) -> Access:
-        certificates = certs.make(self.workdir / "pki")
+        certificates = certs.make(self.workdir / "pki", [self.address, KUBERNETES_SERVICE_IP])
         token = secrets.token_hex(24)
         etcd_url = self._start_etcd()
         access = self._start_apiserver(etcd_url, certificates, token)
@@ -127,13 +133,13 @@ class ControlPlane:
 
     def _start_apiserver(self, etcd_url: str, certificates: certs.Certificates,
                          token: str) -> Access:
-        port = processes.free_port()
+        port = processes.free_port(self.address)
         tokens = self.workdir / "pki" / "tokens.csv"
         tokens.write_text(f'{token},admin,admin,"system:masters"\n')
         apiserver = self._spawn("kube-apiserver", [
             str(self.binaries.kube_apiserver),
             "--etcd-servers", etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--bind-address", self.address, "--advertise-address", self.address,
             "--secure-port", str(port),
             "--tls-cert-file", str(certificates.serving_cert),
             "--tls-private-key-file", str(certificates.serving_key),
@@ -146,10 +152,12 @@ class ControlPlane:
             "--api-audiences", ISSUER,
             "--service-cluster-ip-range", SERVICE_RANGE,
             "--allow-privileged=true",
+            # Real nodes' names resolve nowhere: logs and exec dial their addresses.
+            "--kubelet-preferred-address-types", "InternalIP,Hostname",
             "--profiling=false",
             "--cert-dir", str(self.workdir / "pki"),
             "--v", "0"])
-        access = Access(f"https://127.0.0.1:{port}", token, certificates.ca_cert)
+        access = Access(f"https://{self.address}:{port}", token, certificates.ca_cert)
         processes.wait_until(lambda: access.get("/readyz") == 200, START_TIMEOUT,
                              "kube-apiserver", [apiserver])
         return access

@@ -1,0 +1,131 @@
+"""A node's own containerd: its root, state and socket under the node's folder.
+
+CRI with runc (crun refuses this kind of VM's hybrid cgroups), cgroupfs, the node's CNI
+configuration, the locally built pause image, no registry mirrors, and
+``restrict_oom_score_adj`` (no CAP_SYS_RESOURCE here: a container's OOM score may not go
+below containerd's own). The node's namespace has no route off the machine, so a pull
+can only fail; the tests set ``imagePullPolicy: Never``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+from asrpool.common import processes
+from asrpool.localcluster import cni
+
+PAUSE_IMAGE = "localhost/asrpool/pause:3.10"
+NAMESPACE = "k8s.io"  # the CRI's containerd namespace
+RUNC = Path("/usr/sbin/runc")
+
+
+SOCKETS = Path("/run/asrpool")  # in the node's mount namespace (a private tmpfs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    """Files under ``directory``; the socket in the node's own /run, where its path is
+    short whatever the folder's (a unix socket's path has at most 104 bytes here)."""
+
+    directory: Path
+    holder: int  # the PID of the process holding the node's namespaces
+    name: str = "containerd"
+
+    @property
+    def root(self) -> Path:
+        return self.directory / "root"
+
+    @property
+    def state(self) -> Path:
+        return self.directory / "state"
+
+    @property
+    def socket(self) -> Path:
+        """As the node's programs see it."""
+        return SOCKETS / f"{self.name}.sock"
+
+    @property
+    def host_socket(self) -> Path:
+        """The same socket as the host sees it, through the holder's root."""
+        return Path(f"/proc/{self.holder}/root") / self.socket.relative_to("/")
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "config.toml"
+
+    @property
+    def runc_root(self) -> Path:
+        return self.directory / "runc"
+
+
+def config(paths: Paths, cni_conf_dir: Path) -> str:
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    runc = f'{cri}.containerd.runtimes.runc'
+    return f"""version = 2
+root = "{paths.root}"
+state = "{paths.state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{paths.socket}"
+
+[metrics]
+  address = ""
+
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{runc}]
+  runtime_type = "io.containerd.runc.v2"
+
+[{runc}.options]
+  BinaryName = "{RUNC}"
+  Root = "{paths.runc_root}"
+  SystemdCgroup = false
+
+[{cri}.cni]
+  bin_dir = "{cni.PLUGINS_DIR}"
+  conf_dir = "{cni_conf_dir}"
+  max_conf_num = 1
+
+[{cri}.registry]
+  config_path = ""
+"""
+
+
+def write(paths: Paths, cni_conf_dir: Path) -> None:
+    paths.directory.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(config(paths, cni_conf_dir))
+
+
+def ctr(paths: Paths, *args: str, timeout: float = 600.0) -> str:
+    argv = ["ctr", "--address", str(paths.host_socket), "--namespace", NAMESPACE, *args]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    if result.returncode != 0:
+        raise processes.StartError(f"ctr {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def answers(paths: Paths) -> bool:
+    return paths.host_socket.exists() and bool(ctr(paths, "version", timeout=5.0))
+
+
+def image_names(paths: Paths) -> set[str]:
+    return set(ctr(paths, "images", "list", "--quiet").split())
+
+
+def import_archive(paths: Paths, archive: Path) -> None:
+    ctr(paths, "images", "import", str(archive))

@@ -1,0 +1,94 @@
+"""Images loaded once per image set: containerd roots kept in a cache, keyed by digests.
+
+Importing an image into containerd reads its whole archive and unpacks every layer
+(minutes for the server image, per node). So a node's containerd does not import: the
+first cluster to use a set of archives imports them into a *seed* root (a containerd
+that has never run a container), kept under the cache and named by a hash of the
+archives' index digests; every node of every later cluster with the same set starts
+from a copy of that seed. The copy hard-links the content blobs and unpacked layers
+(which containerd never writes again) and copies only the bolt databases, so it takes
+a moment whatever the images weigh. A changed image changes its digest, so a new seed;
+older seeds beyond the newest few are removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from asrpool.common import processes
+
+KEEP = 3  # seeds kept: the newest
+DATABASE_SUFFIX = ".db"
+
+
+def default_dir() -> Path:
+    """Under ``ASRPOOL_CACHE`` as ``tools/cluster/build`` has it (~/.cache/asrpool)."""
+    base = os.environ.get("ASRPOOL_CACHE")
+    if base:
+        return Path(base) / "containerd-seeds"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "asrpool" / "containerd-seeds"
+
+
+def archive_digest(archive: Path) -> str:
+    """The sha256 of the archive's ``index.json`` (which names every blob by digest)."""
+    try:
+        with tarfile.open(archive) as tar:
+            member = tar.extractfile("index.json")
+            if member is None:
+                raise KeyError("index.json")
+            return hashlib.sha256(member.read()).hexdigest()
+    except (OSError, KeyError, tarfile.TarError) as exc:
+        raise processes.StartError(f"{archive} is not an OCI archive: {exc}") from exc
+
+
+def key(archives: Sequence[Path]) -> str:
+    version = subprocess.run(["containerd", "--version"], capture_output=True, text=True,
+                             check=False).stdout.strip()
+    parts = sorted(archive_digest(archive) for archive in archives)
+    return hashlib.sha256(json.dumps([version, parts]).encode()).hexdigest()[:24]
+
+
+def ensure(cache: Path, archives: Sequence[Path], build: Callable[[Path], None]) -> Path:
+    """The seed root for ``archives``; ``build(root)`` fills a new one when there is none."""
+    seed = cache / key(archives)
+    if not (seed / "root").is_dir():
+        building = cache / f".{seed.name}.{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir(parents=True)
+        build(building)
+        shutil.rmtree(seed, ignore_errors=True)
+        building.rename(seed)
+    seed.touch()  # its time is its last use
+    _prune(cache)
+    return seed / "root"
+
+
+def copy(seed_root: Path, root: Path) -> None:
+    """``root`` as a copy of the seed: files hard-linked, databases copied."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["cp", "-al", str(seed_root), str(root)], capture_output=True,
+                            text=True, check=False)
+    if result.returncode != 0:  # another filesystem: copy it all
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(seed_root, root, symlinks=True)
+        return
+    for database in root.rglob(f"*{DATABASE_SUFFIX}"):
+        database.unlink()
+        shutil.copy2(seed_root / database.relative_to(root), database)
+
+
+def _prune(cache: Path) -> None:
+    seeds = sorted((path for path in cache.iterdir() if not path.name.startswith(".")),
+                   key=lambda path: path.stat().st_mtime, reverse=True)
+    for old in seeds[KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)

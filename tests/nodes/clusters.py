@@ -1,0 +1,112 @@
+"""What the real-node tests hold: the kubeconfig, kubectl, and small pod builders."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+IMAGE = "localhost/asrpool/nodetest:0.2"  # tools/cluster/node-images: a static busybox
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCluster:
+    kubeconfig: Path
+    kubectl_path: Path
+    state: Path  # tools/cluster/up's workdir: each node's logs and files
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig),
+                                 *args], capture_output=True, text=True, input=stdin,
+                                check=False, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    def apply(self, namespace: str, *manifests: dict[str, Any]) -> None:
+        text = "\n".join(json.dumps(item) for item in manifests)
+        self.kubectl("apply", "--namespace", namespace, "-f", "-", stdin=text)
+
+    def get(self, namespace: str, kind: str, name: str) -> dict[str, Any]:
+        result = self.kubectl("get", kind, name, "--namespace", namespace, "-o", "json")
+        found: dict[str, Any] = json.loads(result.stdout)
+        return found
+
+    def wait_ready(self, namespace: str, target: str, timeout: int = 90) -> None:
+        result = self.kubectl("wait", "--namespace", namespace, "--for=condition=Ready",
+                              f"--timeout={timeout}s", target, check=False,
+                              timeout=timeout + 10)
+        if result.returncode != 0:
+            described = self.kubectl("describe", "--namespace", namespace, target,
+                                     check=False).stdout
+            raise AssertionError(f"{target} not Ready: {result.stderr.strip()}\n"
+                                 f"{described[-3000:]}")
+
+    def exec(self, namespace: str, pod: str, *command: str) -> str:
+        return self.kubectl("exec", "--namespace", namespace, pod, "--", *command).stdout
+
+    def http_get(self, namespace: str, pod: str, host: str, port: int,
+                 check: bool = True) -> str:
+        """The body ``pod`` gets for ``GET /`` from ``host:port`` (busybox's nc: this
+        busybox's wget crashes), or the error."""
+        request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {host} {port}"
+        result = self.kubectl("exec", "--namespace", namespace, pod, "--", "sh", "-c",
+                              request, check=check)
+        if result.returncode != 0:
+            return f"(failed: {result.stderr.strip()})"
+        return result.stdout.replace("\r", "").partition("\n\n")[2].strip()
+
+    def wait_for_service_account(self, namespace: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.kubectl("get", "serviceaccount", "default", "--namespace", namespace,
+                            check=False).returncode == 0:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"no default service account in {namespace}")
+
+    def waiting_reason(self, namespace: str, pod: str, reasons: set[str],
+                       timeout: float = 90.0) -> dict[str, Any]:
+        """The pod's container status once it waits for one of ``reasons``."""
+        deadline = time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            statuses = self.get(namespace, "pod", pod)["status"].get("containerStatuses", [])
+            status = statuses[0] if statuses else {}
+            if status.get("state", {}).get("waiting", {}).get("reason") in reasons:
+                return status
+            time.sleep(1.0)
+        raise AssertionError(f"{pod} never waited for {sorted(reasons)}: {status}")
+
+
+def pod(name: str, command: str, *, node: str | None = None, labels: dict[str, str] | None = None,
+        image: str = IMAGE, grace: int = 30, volumes: dict[str, str] | None = None,
+        readiness_port: int | None = None) -> dict[str, Any]:
+    """A pod running ``sh -c command`` (PID 1 is the shell), never pulling its image."""
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", command],
+        "volumeMounts": [{"name": key, "mountPath": path}
+                         for key, path in (volumes or {}).items()],
+    }
+    if readiness_port is not None:
+        container["readinessProbe"] = {"tcpSocket": {"port": readiness_port},
+                                       "periodSeconds": 1}
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": grace,
+        "enableServiceLinks": False,
+        "volumes": [{"name": key, "emptyDir": {}} for key in (volumes or {})],
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+# Serves its own name over HTTP on 8080 with busybox's httpd, in the foreground.
+SERVE = "mkdir -p /tmp/www && hostname > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
