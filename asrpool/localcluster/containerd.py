@@ -16,7 +16,8 @@ from pathlib import Path
 from asrpool.common import processes
 from asrpool.localcluster import cni
 
-PAUSE_IMAGE = "localhost/asrpool/pause:3.10"
+# tools/images/build pause: its tag is the one Kubernetes' build/pause/Makefile gives.
+PAUSE_IMAGE = "localhost/asrpool/pause:3.10.1"
 NAMESPACE = "k8s.io"  # the CRI's containerd namespace
 RUNC = Path("/usr/sbin/runc")
 
