@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit system-deps cluster-binaries clean
+.PHONY: demo test lint typecheck unit system-deps cluster-binaries images clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/asrpool demo
 
-test: system-deps cluster-binaries lint typecheck unit
+test: system-deps cluster-binaries images lint typecheck unit
+
+# The project's images (tests/images, tests/nodes), built without Docker and without
+# pulling by tools/images/build; layers, the Debian base and torch's wheels are cached
+# per machine (the first build takes about ten minutes, an unchanged one seconds).
+images: system-deps cluster-binaries
+	tools/images/build
 
 # The control-plane tests (tests/cluster) need kube-apiserver & co., built from source by
 # Go and cached outside the repository (the first build takes about ten minutes).

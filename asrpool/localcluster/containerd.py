@@ -10,6 +10,7 @@ can only fail; the tests set ``imagePullPolicy: Never``.
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from asrpool.localcluster import cni
 # tools/images/build pause: its tag is the one Kubernetes' build/pause/Makefile gives.
 PAUSE_IMAGE = "localhost/asrpool/pause:3.10.1"
 NAMESPACE = "k8s.io"  # the CRI's containerd namespace
+IMPORTED = re.compile(r"^unpacking (\S+) \(sha256:", re.MULTILINE)  # ctr images import
+IMPORT_TIMEOUT = 1800.0  # the server image: gigabytes
 RUNC = Path("/usr/sbin/runc")
 
 
@@ -128,5 +131,15 @@ def image_names(paths: Paths) -> set[str]:
     return set(ctr(paths, "images", "list", "--quiet").split())
 
 
-def import_archive(paths: Paths, archive: Path) -> None:
-    ctr(paths, "images", "import", str(archive))
+def import_archive(paths: Paths, archive: Path) -> set[str]:
+    """The archive's images, imported (blobs already in the store are kept as they are);
+    the names it holds."""
+    said = ctr(paths, "images", "import", str(archive), timeout=IMPORT_TIMEOUT)
+    return set(IMPORTED.findall(said))
+
+
+def keep_only(paths: Paths, names: set[str]) -> None:
+    """Remove every other image, and (synchronously) the blobs only they used."""
+    others = sorted(image_names(paths) - names)
+    if others:
+        ctr(paths, "images", "rm", "--sync", *others)

@@ -7,8 +7,10 @@ that has never run a container), kept under the cache and named by a hash of the
 archives' index digests; every node of every later cluster with the same set starts
 from a copy of that seed. The copy hard-links the content blobs and unpacked layers
 (which containerd never writes again) and copies only the bolt databases, so it takes
-a moment whatever the images weigh. A changed image changes its digest, so a new seed;
-older seeds beyond the newest few are removed.
+a moment whatever the images weigh. A changed image changes its digest, so a new seed:
+it starts as such a copy of the newest seed, so the import writes and unpacks only the
+layers that changed (the server image's torch layer stays), and then drops the images
+the set no longer has. Older seeds beyond the newest few are removed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from asrpool.common import processes
 
-KEEP = 3  # seeds kept: the newest
+KEEP = 2  # seeds kept: the newest (one holds the server image: some 12 GB)
 DATABASE_SUFFIX = ".db"
 
 
@@ -63,6 +65,9 @@ def ensure(cache: Path, archives: Sequence[Path], build: Callable[[Path], None])
         building = cache / f".{seed.name}.{os.getpid()}"
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
+        previous = _newest(cache)
+        if previous is not None:  # its unchanged layers are kept, not imported again
+            copy(previous / "root", building / "root")
         build(building)
         shutil.rmtree(seed, ignore_errors=True)
         building.rename(seed)
@@ -87,8 +92,18 @@ def copy(seed_root: Path, root: Path) -> None:
         shutil.copy2(seed_root / database.relative_to(root), database)
 
 
+def _seeds(cache: Path) -> list[Path]:
+    """The finished seeds, the most recently used first."""
+    seeds = [path for path in cache.iterdir()
+             if not path.name.startswith(".") and (path / "root").is_dir()]
+    return sorted(seeds, key=lambda path: path.stat().st_mtime, reverse=True)
+
+
+def _newest(cache: Path) -> Path | None:
+    seeds = _seeds(cache) if cache.is_dir() else []
+    return seeds[0] if seeds else None
+
+
 def _prune(cache: Path) -> None:
-    seeds = sorted((path for path in cache.iterdir() if not path.name.startswith(".")),
-                   key=lambda path: path.stat().st_mtime, reverse=True)
-    for old in seeds[KEEP:]:
+    for old in _seeds(cache)[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)

@@ -188,8 +188,10 @@ class RealNode:
             paths = containerd.Paths(directory, self.holder.process.pid, "seed")
             child = self._start_containerd(paths, cni.write(self.net, directory / "cni"))
             try:
+                names: set[str] = set()
                 for archive in archives:
-                    containerd.import_archive(paths, archive)
+                    names |= containerd.import_archive(paths, archive)
+                containerd.keep_only(paths, names)  # a previous seed's other images
             finally:
                 child.stop(STOP_TIMEOUT)
                 self.children.remove(child)

@@ -25,11 +25,24 @@ from asrpool.localcluster import realnodes
 from tests.nodes import hoststate
 from tests.nodes.clusters import NodeCluster
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SETUP_TIMEOUT = 1200.0
 TOOLS = ROOT / "tools" / "cluster"
 CONTROL_IMAGE = "ghcr.io/asrpool/asrpool-control:0.1.0"  # tools/images/build makes it
+PROJECT_IMAGES = ("control", "server", "redis")  # tools/images/build's names for them
+IMAGE_BUILD_TIMEOUT = 3600.0  # the server image's first build: several minutes
 START_TIMEOUT = 400.0
 STOP_TIMEOUT = 90.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The session's cluster starts in the setup of the first test here, which also
+    loads the images into a seed containerd the first time (the server image: minutes):
+    every test here gets a time limit that holds it."""
+    for item in items:
+        if item.path.is_relative_to(HERE) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SETUP_TIMEOUT))
 
 
 def _unavailable(reason: str) -> None:
@@ -85,32 +98,38 @@ class Running:
 @pytest.fixture(scope="session")
 def built() -> tuple[Path, list[str]]:
     """The binaries' folder and the images to load: the node images' archives, and the
-    project's control image when podman's store has it."""
+    project's control, server and redis images (from podman's store)."""
     _check_host()
-    images = _tool_output("node-images")
-    if _in_podman_storage(CONTROL_IMAGE):
-        images.append(CONTROL_IMAGE)
-    return Path(_tool_output("build")[-1]), images
+    return Path(_tool_output("build")[-1]), [*_tool_output("node-images"), *_project_images()]
 
 
-def _in_podman_storage(name: str) -> bool:
-    if shutil.which("podman") is None:
-        return False
-    return subprocess.run(["podman", "image", "exists", name], check=False,
-                          capture_output=True, timeout=120).returncode == 0
+def _project_images() -> list[str]:
+    """The chart's images, built (or found unchanged) by tools/images/build: their names."""
+    result = subprocess.run([str(ROOT / "tools" / "images" / "build"), *PROJECT_IMAGES],
+                            capture_output=True, text=True, check=False,
+                            timeout=IMAGE_BUILD_TIMEOUT)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        missing = [line for line in lines if " is missing: apt-get install " in line]
+        if missing:
+            _unavailable(missing[0].strip())
+        pytest.fail(f"tools/images/build failed:\n{result.stderr[-3000:]}")
+    return [line.split()[1] for line in result.stdout.splitlines()
+            if line.split()[:1] and line.split()[0] in PROJECT_IMAGES]
 
 
 @pytest.fixture(scope="session")
 def control_image(built: tuple[Path, list[str]]) -> str:
-    """The project's control image, loaded into the nodes; without it (no
-    ``tools/images/build`` run yet) the tests that need it skip, failing under CI once
-    the repository has that tool."""
-    if CONTROL_IMAGE not in built[1]:
-        reason = f"{CONTROL_IMAGE} is not in podman's storage (run tools/images/build)"
-        if (ROOT / "tools" / "images" / "build").exists():
-            _unavailable(reason)
-        pytest.skip(reason)
+    assert CONTROL_IMAGE in built[1]
     return CONTROL_IMAGE
+
+
+@pytest.fixture(scope="session")
+def chart_images(built: tuple[Path, list[str]]) -> list[str]:
+    """The images the chart and its pools run, loaded into the nodes."""
+    images = [name for name in built[1] if not name.endswith(".tar")]
+    assert len(images) == len(PROJECT_IMAGES), images
+    return images
 
 
 @pytest.fixture(scope="session")
