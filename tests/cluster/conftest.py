@@ -8,10 +8,8 @@ under CI (``CI=true``) that is a failure instead, so CI can never go green by sk
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import kubernetes
 import pytest
 
 from tests.cluster.clusters import Cluster
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools" / "cluster"
@@ -42,12 +41,6 @@ def _build() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        lines.put(line.strip())
-    lines.put("")
-
-
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     bin_dir = _build()
@@ -58,12 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         [str(TOOLS / "up"), "--kubeconfig", str(kubeconfig), "--nodes", "2",
          "--gpus-per-node", "2", "--workdir", str(workdir / "state"), "--exit-with-parent"],
         stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
-    try:
-        line = lines.get(timeout=START_TIMEOUT)
-    except queue.Empty:
-        line = "(no answer)"
+    line = processes.first_line(process, START_TIMEOUT)
     if line != "ready":
         process.kill()
         process.wait()

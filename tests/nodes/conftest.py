@@ -10,11 +10,9 @@ stopped (``test_zz_host.py``).
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import signal
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 from asrpool.localcluster import realnodes
 from tests.nodes import hoststate
 from tests.nodes.clusters import NodeCluster
+from tests.support import processes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -68,12 +67,6 @@ def _check_host() -> None:
     for tool, package in (("buildah", "buildah"), ("skopeo", "skopeo")):
         if shutil.which(tool) is None:
             _unavailable(f"no {tool} on PATH (Debian package {package})")
-
-
-def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        lines.put(line.strip())
-    lines.put("")
 
 
 class Running:
@@ -150,12 +143,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory, built: tuple[Path, li
              "--workdir", str(workdir / "state"), "--exit-with-parent", "--images", *archives],
             stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
     running = Running(process, log)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
-    try:
-        line = lines.get(timeout=START_TIMEOUT)
-    except queue.Empty:
-        line = "(no answer)"
+    line = processes.first_line(process, START_TIMEOUT)
     if line != "ready":
         running.stop()
         text = log.read_text(errors="replace").strip().splitlines()

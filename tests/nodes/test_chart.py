@@ -22,9 +22,10 @@ from typing import Any
 import helm_python
 import pytest
 
-from asrpool.operator import naming
+from asrpool.localcluster import netns
+from asrpool.operator import naming, sources
 from tests.nodes.clusters import NodeCluster
-from tests.support import kyutai_client, redis_servers
+from tests.support import hubs, kyutai_client, redis_servers, streams
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.timeout(900)
@@ -249,3 +250,36 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
     assert [m for m in transcript if m["type"] == "Error"] == []
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
     cluster.kubectl("delete", "-n", namespace, "asrpool/roll", "--wait=true")
+
+
+def test_the_model_cache_is_written_by_the_init_container_and_read_by_the_server(
+        cluster: NodeCluster, release: Release, tmp_path: Path) -> None:
+    """A pool whose model is a repo: the fetch-model init container downloads it (from a
+    stand-in Hub on the cluster's bridge, the real Hub being out of reach) into the
+    cache volume as uid 10001, and the server loads it from there, read-only root and
+    all, and serves a stream."""
+    from asrpool.server import models
+
+    preset = models.PRESETS["tiny"]
+    models.save_checkpoint_dir(models.build_random("tiny"), tmp_path / "repo",
+                               preset.mimi_config, preset.lm_kwargs)
+    namespace = release.namespace
+    with hubs.Hub({"acme/stt-tiny": tmp_path / "repo"}, host=netns.HOST_ADDRESS).running() \
+            as hub:
+        body = pool("cached", slots=1)
+        body["spec"]["model"] = {"name": "acme/stt-tiny"}
+        body["spec"]["env"] = [{"name": "HF_ENDPOINT", "value": hub.url}]
+        cluster.apply(namespace, body)
+        (server,) = asyncio.run(eventually(lambda: serving(cluster, namespace, "cached", 1),
+                                           STARTUP, period=2.0))
+        assert "acme/stt-tiny/config.json" in hub.downloads
+    # Every file the init container wrote into the cache volume is uid 10001's.
+    owners = cluster.exec(namespace, server, "find", sources.HUB_CACHE, "-type", "f",
+                          "-exec", "stat", "-c", "%u %n", "{}", "+")
+    files = [line.split(" ", 1) for line in owners.splitlines() if line.strip()]
+    assert len(files) >= 5 and {owner for owner, _ in files} == {"10001"}, owners
+    pcm = streams.random_speechlike(2.0, seed=5)
+    url = f"ws://{release.router}/api/asr-streaming?pool=cached"
+    transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT))
+    assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
+    cluster.kubectl("delete", "-n", namespace, "asrpool/cached", "--wait=true")

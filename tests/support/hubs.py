@@ -22,11 +22,12 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class Hub:
-    def __init__(self, repos: dict[str, Path]) -> None:
+    def __init__(self, repos: dict[str, Path], host: str = "127.0.0.1") -> None:
+        """``host``: the address to listen on (loopback, or a bridge the tests made)."""
         self.repos = repos
         self.downloads: list[str] = []  # "repo/file" per GET of a file's content
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = http.server.ThreadingHTTPServer((host, 0), self._handler())
+        self.url = f"http://{host}:{self._server.server_address[1]}"
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         hub = self

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import threading
 from pathlib import Path
 
 from asrpool.common.processes import descendants
 
-__all__ = ["alive", "descendants", "running_with"]
+__all__ = ["alive", "descendants", "first_line", "running_with"]
+NO_ANSWER = "(no answer)"
+
+
+def first_line(process: subprocess.Popen[str], timeout: float) -> str:
+    """The first line ``process`` prints (``tools/cluster/up`` prints ``ready``), or
+    :data:`NO_ANSWER` when none came within ``timeout`` seconds; its later output is read
+    and dropped, so it never blocks on a full pipe."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line.strip())
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return NO_ANSWER
 
 
 def alive(pid: int) -> bool:
