@@ -166,8 +166,9 @@ def test_existing_secrets_are_used_and_none_is_made() -> None:
     router = rendering.container(rendering.deployment(manifests, "router"))
     ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_POD_TOKEN")["valueFrom"]
     assert ref == {"secretKeyRef": {"name": "asr-pod-token", "key": "value"}}
-    volume = rendering.deployment(manifests, "router")["spec"]["template"]["spec"]["volumes"][0]
-    assert volume["secret"]["secretName"] == "asr-keys"
+    volumes = rendering.deployment(manifests, "router")["spec"]["template"]["spec"]["volumes"]
+    (keys,) = [volume for volume in volumes if "secret" in volume]
+    assert keys["secret"]["secretName"] == "asr-keys"
     ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_REDIS_PASSWORD")["valueFrom"]
     assert ref == {"secretKeyRef": {"name": "asr-redis", "key": "pw"}}
 
