@@ -72,9 +72,15 @@ async def _resume(pod: servers.ServerProcess, token: str) -> ws_client.ClientCon
     return None
 
 
-async def _still_open(ws: ws_client.ClientConnection) -> bool:
+async def _still_open(ws: ws_client.ClientConnection, seconds: float = 2.0) -> bool:
+    """Whether ``ws`` is still open after ``seconds``, reading (and dropping) whatever
+    comes meanwhile: a replaced connection may get one of the stream's results before
+    its close frame, and is not open for that."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
     with contextlib.suppress(ws_exceptions.ConnectionClosed, TimeoutError):
-        await asyncio.wait_for(ws.recv(), 2.0)
+        while True:
+            await asyncio.wait_for(ws.recv(), max(0.0, deadline - loop.time()))
     return ws.close_code is None
 
 
