@@ -87,11 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_agent.start()
         processes.wait_until(node_agent.nodes_ready, READY_TIMEOUT, "the nodes")
         print("ready", flush=True)
-        parent = os.getppid()
-        while not stop.wait(1.0):
-            plane.check_alive()
-            if args.exit_with_parent and os.getppid() != parent:
-                break
+        _serve(args, stop, [plane.check_alive])
     except processes.StartError as exc:
         failed = True
         print(f"tools/cluster/up: {exc} (logs kept: {workdir / 'logs'})", file=sys.stderr)
