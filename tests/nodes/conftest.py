@@ -22,7 +22,7 @@ import pytest
 from asrpool.localcluster import realnodes
 from tests.nodes import hoststate
 from tests.nodes.clusters import NodeCluster
-from tests.support import processes
+from tests.support import imagebuilds, processes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -30,7 +30,6 @@ SETUP_TIMEOUT = 1200.0
 TOOLS = ROOT / "tools" / "cluster"
 CONTROL_IMAGE = "ghcr.io/asrpool/asrpool-control:0.1.0"  # tools/images/build makes it
 PROJECT_IMAGES = ("control", "server", "redis")  # tools/images/build's names for them
-IMAGE_BUILD_TIMEOUT = 3600.0  # the server image's first build: several minutes
 START_TIMEOUT = 400.0
 STOP_TIMEOUT = 90.0
 
@@ -98,17 +97,8 @@ def built() -> tuple[Path, list[str]]:
 
 def _project_images() -> list[str]:
     """The chart's images, built (or found unchanged) by tools/images/build: their names."""
-    result = subprocess.run([str(ROOT / "tools" / "images" / "build"), *PROJECT_IMAGES],
-                            capture_output=True, text=True, check=False,
-                            timeout=IMAGE_BUILD_TIMEOUT)
-    if result.returncode != 0:
-        lines = result.stderr.strip().splitlines()
-        missing = [line for line in lines if " is missing: apt-get install " in line]
-        if missing:
-            _unavailable(missing[0].strip())
-        pytest.fail(f"tools/images/build failed:\n{result.stderr[-3000:]}")
-    return [line.split()[1] for line in result.stdout.splitlines()
-            if line.split()[:1] and line.split()[0] in PROJECT_IMAGES]
+    built = imagebuilds.build(PROJECT_IMAGES, _unavailable)
+    return [built[image].name for image in PROJECT_IMAGES]
 
 
 @pytest.fixture(scope="session")
