@@ -7,10 +7,13 @@ development disk. Its API on the node's address accepts any caller (it is reacha
 only from the cluster's own bridge): ``kubectl logs`` and ``exec`` work without client
 certificates.
 
-kube-proxy: nftables mode in the node's namespace, every Service packet masqueraded
-(no ``br_netfilter`` on the host: a pod reaching a Service backed by a pod on its own
-bridge then gets its replies back through the node), and conntrack's host-wide
-settings left as they are.
+kube-proxy: nftables mode in the node's namespace, conntrack's host-wide settings left
+as they are. A pod's packet to a Service keeps the pod's address (only traffic from
+outside the pod ranges is masqueraded), so the backend sees who sent it, as on a
+production CNI (and as a NetworkPolicy enforcer would need). That needs the kernel's
+``br_netfilter`` (built into this kind of VM's kernel, on in every new network
+namespace): the reply of a backend on the client's own bridge crosses netfilter there
+and is un-NATed.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def kube_proxy_config(node: netns.NodeNet, kubeconfig: Path) -> dict[str, Any]:
         "hostnameOverride": f"node-{node.index}",
         "mode": "nftables",
         "clusterCIDR": netns.POD_NETWORKS,
-        "masqueradeAll": True,
+        "masqueradeAll": False,
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",

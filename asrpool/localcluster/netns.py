@@ -10,7 +10,8 @@ links this module creates:
 - each node routes the other nodes' pod ranges to their nodes over the bridge, and the
   host routes them too (through the bridge: its replies to pods). No node has a default
   route, so nothing a pod sends can leave the machine, and no host sysctl changes: a
-  node forwards with its own namespace's ``net.ipv4.ip_forward``.
+  node forwards with its own namespace's ``net.ipv4.ip_forward`` and passes its bridged
+  packets to netfilter with its own ``net.bridge.bridge-nf-call-iptables``.
 
 Removing the namespaces and the bridge removes every link and route with them.
 """
@@ -137,7 +138,10 @@ def _create_node(net: ClusterNet, node: NodeNet) -> None:
         if other != node:
             ip("route", "add", other.pod_network, "via", other.address, "dev", "eth0",
                namespace=ns)
-    _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+    # Bridged packets between a node's pods cross its netfilter hooks (conntrack un-NATs
+    # a Service's replies; the NetworkPolicy enforcer sees them): the default, made sure.
+    _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
+          "net.bridge.bridge-nf-call-iptables=1"])
 
 
 def remove(net: ClusterNet) -> list[str]:

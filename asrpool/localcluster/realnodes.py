@@ -70,8 +70,16 @@ exec nsenter --target "$target" --mount --net -- "$@"
 """
 
 
+BRIDGE_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
 def missing_tool() -> str | None:
-    """One line naming the first missing program and its Debian package, or None."""
+    """One line naming the first missing program and its Debian package (or the
+    kernel's missing ``br_netfilter``, which Service replies between pods on one bridge
+    need: :mod:`kubelets`), or None."""
+    if not BRIDGE_NETFILTER.exists():
+        return ("the kernel has no br_netfilter (no /proc/sys/net/bridge): "
+                "run 'modprobe br_netfilter' as root")
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             return f"no {tool} on PATH (Debian package {package})"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tests.support import processes
 
 IMAGE = "localhost/asrpool/nodetest:0.2"  # tools/cluster/node-images: a static busybox
 
@@ -46,6 +51,16 @@ class NodeCluster:
             raise AssertionError(f"{target} not Ready: {result.stderr.strip()}\n"
                                  f"{described[-3000:]}")
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Until the API server serves ``crd`` (``kubectl wait`` fails outright while the
+        new CRD has no conditions at all)."""
+        condition = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "crd", crd, "-o", f"jsonpath={condition}",
+                           check=False).stdout != "True":
+            assert time.monotonic() < deadline, f"{crd} never became Established"
+            time.sleep(0.5)
+
     def exec(self, namespace: str, pod: str, *command: str) -> str:
         return self.kubectl("exec", "--namespace", namespace, pod, "--", *command).stdout
 
@@ -59,6 +74,23 @@ class NodeCluster:
         if result.returncode != 0:
             return f"(failed: {result.stderr.strip()})"
         return result.stdout.replace("\r", "").partition("\n\n")[2].strip()
+
+    @contextlib.contextmanager
+    def port_forward(self, namespace: str, pod: str, port: int) -> Iterator[int]:
+        """A loopback port here forwarded to ``port`` inside ``pod`` (through the API
+        server and the pod's kubelet, so no NetworkPolicy stands between)."""
+        process = subprocess.Popen(
+            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), "port-forward",
+             "--namespace", namespace, "--address", "127.0.0.1", f"pod/{pod}", f":{port}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            line = processes.first_line(process, 60.0)
+            found = re.search(r"127\.0\.0\.1:(\d+) ->", line)
+            assert found, f"kubectl port-forward: {line}"
+            yield int(found.group(1))
+        finally:
+            process.terminate()
+            process.wait(10)
 
     def wait_for_service_account(self, namespace: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -95,8 +95,7 @@ def pool_pods(cluster: NodeCluster, namespace: str, name: str) -> list[dict[str,
 def release(cluster: NodeCluster, chart_images: list[str]) -> Iterator[Release]:
     namespace = f"chart-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/streamingasrpools.asrpool.io")
+    cluster.wait_established("streamingasrpools.asrpool.io")
     cluster.kubectl("create", "namespace", namespace)
     cluster.wait_for_service_account(namespace)
     config = helm_python.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace)
@@ -183,12 +182,15 @@ def test_a_stream_through_the_routers_service_gets_words(
     cluster.kubectl("delete", "-n", namespace, "asrpool/stt", "--wait=true")
 
 
-def redis_url(cluster: NodeCluster, namespace: str) -> tuple[str, str]:
-    """The chart's Redis by its pod address, and its password from the chart's Secret."""
-    pod = component(cluster, namespace, "redis")
-    secret = cluster.get(namespace, "secret", f"{RELEASE}-redis")
+@pytest.fixture(scope="module")
+def chart_redis(cluster: NodeCluster, release: Release) -> Iterator[tuple[str, str]]:
+    """The chart's Redis through a port-forward (its NetworkPolicy admits no one else
+    from here), and its password from the chart's Secret."""
+    pod = component(cluster, release.namespace, "redis")
+    secret = cluster.get(release.namespace, "secret", f"{RELEASE}-redis")
     password = base64.b64decode(secret["data"]["password"]).decode()
-    return f"redis://{pod['status']['podIP']}:6379/0", password
+    with cluster.port_forward(release.namespace, pod["metadata"]["name"], 6379) as port:
+        yield f"redis://127.0.0.1:{port}/0", password
 
 
 async def busy_pod(url: str, registry_name: str, password: str) -> str:
@@ -204,14 +206,14 @@ async def busy_pod(url: str, registry_name: str, password: str) -> str:
 
 
 async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_one(
-        cluster: NodeCluster, release: Release) -> None:
+        cluster: NodeCluster, release: Release, chart_redis: tuple[str, str]) -> None:
     """SIGTERM reaches the server (PID 1) in its container; it drains its stream to
     the end while the Deployment controller rolls the pool."""
     namespace = release.namespace
     cluster.apply(namespace, pool("roll", slots=2))
     await eventually(lambda: serving(cluster, namespace, "roll", 2), STARTUP, period=2.0)
-    url, password = redis_url(cluster, namespace)
 
+    url, password = chart_redis
     stream_url = f"ws://{release.router}/api/asr-streaming?pool=roll"
     async with kyutai_client.paced_stream(stream_url, WAIT, timeout=600) as stream:
         busy = await busy_pod(url, naming.registry_name(namespace, "roll"), password)
