@@ -5,12 +5,21 @@ policy, a pod that refuses or cannot be reached is left for the next), then the 
 is posted to that pod with the pod token, and the pod's answer (moshi-server's JSON
 list of ``Word``/``EndWord``, or a 4xx/5xx with a one-line reason) is passed on. The
 session counts against its pod and key until the pod has answered.
+
+A body goes to a second pod only if the first never took it: it could not be reached,
+or it answered 503 (it took no slot: busy, draining, loading). A pod that fails once it
+has the body (it dies, it stops answering) is a 502, never a second post: a body that
+kills one pod is not sent on to the next. A client that goes away cancels the post, so
+the pod frees its slot too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 import aiohttp
 import redis
@@ -42,9 +51,12 @@ async def transcribe(
         deps.meters.rejections.labels("unauthorized").inc()
         return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
     try:
-        body = await bodies.read_limited(request, deps.config.max_upload_bytes)
+        body = await bodies.read_limited(request, deps.config.max_upload_bytes,
+                                         deps.config.body_pace)
     except bodies.TooLarge as exc:
         return _refused(413, str(exc))
+    except bodies.TooSlow as exc:
+        return _refused(408, str(exc))
     asked = pool or deps.config.default_pool
     resolved = poolnames.resolve(asked, deps.config.pool_namespace)
     if resolved is None:
@@ -53,7 +65,7 @@ async def transcribe(
     token = tokens.mint(tokens.new_session_id())
     ask = admissions.Request(pool, key.id, key.max_streams or 0, token, uuid.uuid4().hex)
     try:
-        return await _on_a_pod(ask, body, deps)
+        return await _unless_gone(request, _on_a_pod(ask, body, deps))
     except redis.RedisError as exc:
         deps.meters.redis_errors.labels("admit").inc()
         log.warning("upload not admitted, Redis unreachable: %s", exc)
@@ -73,17 +85,45 @@ async def _on_a_pod(ask: admissions.Request, body: bytes, deps: wiring.Deps) -> 
     return _refusal(refusals.busy(), deps)
 
 
+async def _unless_gone(
+    request: requests.Request, work: Coroutine[Any, Any, responses.Response]
+) -> responses.Response:
+    """``work``'s response, or 499 once the client has closed its connection (``work``
+    cancelled, its post to a pod aborted)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # nothing, if it is done
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        return _refused(499, "the client went away")
+    return task.result()
+
+
+async def _disconnected(request: requests.Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _held(
     session: admissions.Session, body: bytes, deps: wiring.Deps
 ) -> responses.Response | None:
-    """The pod's answer, or None when it is full or cannot be reached (try another)."""
+    """The pod's answer, or None when it took no slot or was never reached (try
+    another)."""
     await deps.admissions.attach(session)
     deps.sessions.add(session)  # renewed while the pod works
     try:
         status, text, kind = await _post(session.address, body, deps)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.info("pod %s did not take an upload: %s", session.pod_id, exc)
+    except aiohttp.ClientConnectorError as exc:
+        log.info("pod %s could not be reached for an upload: %s", session.pod_id, exc)
         return None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("pod %s failed during an upload (not sent again): %s", session.pod_id, exc)
+        return _refused(502, f"the pod failed during the upload ({type(exc).__name__}); "
+                             "it is not sent to another pod")
     finally:
         deps.sessions.discard(session)
         await deps.admissions.release(session)

@@ -13,6 +13,7 @@ import pydantic
 import pydantic_settings
 
 from asrpool.common import limits, protocol, redis_clients, registry
+from asrpool.server import decoding
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -104,6 +105,16 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     warmup_steps: int = pydantic.Field(
         default=2, ge=0, description="engine steps run before the pod is ready")
 
+    # POST /api/asr-streaming: each file is decoded in a child process (server.decoding)
+    # bounded by these, so no upload costs the pod more than its share.
+    max_upload_seconds: float = pydantic.Field(
+        default=3600.0, gt=0, description="longest audio a POSTed file may hold (else HTTP 413)")
+    decode_memory_bytes: int = pydantic.Field(
+        default=4 << 30, ge=256 << 20,
+        description="address space of the child process decoding one upload (else 413)")
+    decode_timeout_seconds: float = pydantic.Field(
+        default=120.0, gt=0, description="longest decode of one upload (else 413)")
+
     log_level: str = pydantic.Field(default="info", description="debug | info | warning | error")
 
     @property
@@ -113,6 +124,11 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
             return self.advertise_address
         host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
         return f"{host}:{self.port}"
+
+    @property
+    def decode_limits(self) -> decoding.Limits:
+        return decoding.Limits(self.max_upload_seconds, self.decode_memory_bytes,
+                               self.decode_timeout_seconds)
 
     @property
     def max_buffer_samples(self) -> int:

@@ -5,25 +5,33 @@ As moshi-server's batched ASR does: the body is decoded (any rate, resampled to
 one while the pod is full, up to a bound), the audio is fed as fast as the engine takes
 it, then ``Marker{id:0}`` and 10 s of silence; every ``Word``, ``EndWord`` and ``Error``
 up to the marker is the answer, as a JSON list of ``{"type": ...}`` maps.
+
+The decode runs in a child process within the pod's limits (:mod:`decoding`). A 503
+means the pod took no slot for the request (busy, draining), so a router may send it
+elsewhere; once the audio is in a slot, a failure is a 500 and is not retried. A client
+that goes away frees its slot at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
 from starlette import requests
 
-from asrpool.common import audio, bodies, protocol
-from asrpool.server import handles, outcomes, pods
+from asrpool.common import bodies, protocol
+from asrpool.server import decoding, handles, outcomes, pods
 
 FLUSH_SAMPLES = 240_000  # moshi-server's 10 s of silence after the marker
 _CHUNK = protocol.SAMPLE_RATE  # fed one second at a time, each when there is room
 _SLOT_WAIT_SECONDS = 30.0
 _SLOT_POLL_SECONDS = 0.1
 _KEPT = {"Word", "EndWord", "Error"}
+_GONE = "the client went away"
+T = TypeVar("T")
 
 
 class Refused(Exception):
@@ -34,23 +42,40 @@ class Refused(Exception):
 
 
 async def transcribe(pod: pods.Pod, request: requests.Request) -> list[dict[str, Any]]:
-    """Raises :class:`Refused` (400 not audio, 413 too large, 503 busy or draining)."""
+    """Raises :class:`Refused` (400 not audio; 413 too large, too long or too costly to
+    decode; 503 no slot: busy or draining; 500 stopped after it began; 499 the client
+    went away)."""
     try:
-        body = await bodies.read_limited(request, pod.settings.max_upload_bytes)
+        body = await bodies.read_limited(request, pod.settings.max_upload_bytes,
+                                         pod.settings.body_pace)
     except bodies.TooLarge as exc:
         raise Refused(413, str(exc)) from exc
+    except bodies.TooSlow as exc:
+        raise Refused(408, str(exc)) from exc
+    gone = asyncio.create_task(_disconnected(request))
     try:
-        pcm = await asyncio.to_thread(audio.decode_audio_bytes, body)
-    except audio.AudioFileError as exc:
-        raise Refused(400, str(exc)) from exc
-    handle = await _slot(pod)
+        try:
+            pcm = await _unless(gone, decoding.decode(body, pod.settings.decode_limits))
+        except decoding.Refused as exc:
+            raise Refused(exc.status, exc.message) from exc
+        handle = await _unless(gone, _slot(pod))
+        return await _transcribed(handle, pcm, gone)
+    finally:
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+
+
+async def _transcribed(handle: handles.Handle, pcm: np.ndarray,
+                       gone: asyncio.Task[None]) -> list[dict[str, Any]]:
     kick = handle.attach(resumed=False)
     feeder = asyncio.create_task(_feed(handle, pcm))
     collector = asyncio.create_task(_collect(handle))
     try:
-        await asyncio.wait({collector, kick}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({collector, kick, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if gone.done():
+            raise Refused(499, _GONE)
         if not collector.done():
-            raise Refused(503, _reason(kick.result()))
+            raise Refused(500, f"the pod stopped transcribing: {_reason(kick.result())}")
         return collector.result()
     finally:
         handle.detach()
@@ -58,6 +83,25 @@ async def transcribe(pod: pods.Pod, request: requests.Request) -> list[dict[str,
             task.cancel()
         await asyncio.gather(feeder, collector, return_exceptions=True)
         handle.finish(outcomes.Closed())
+
+
+async def _unless(gone: asyncio.Task[None], work: Coroutine[Any, Any, T]) -> T:
+    """``work``'s result, or :class:`Refused` (499) once the client has gone (``work``
+    cancelled: a decode's child is killed, a wait for a slot given up)."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise Refused(499, _GONE)
+    return task.result()
+
+
+async def _disconnected(request: requests.Request) -> None:
+    """Returns once the client has closed its connection (the body is read by then, so
+    the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _reason(outcome: outcomes.Outcome) -> str:

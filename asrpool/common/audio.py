@@ -8,12 +8,21 @@ from typing import Any
 
 import numpy as np
 
-from asrpool.common import protocol
+from asrpool.common import oggopus, protocol
 from asrpool.common.protocol import FRAME_SIZE, SAMPLE_RATE
 
 
 class AudioFileError(ValueError):
     """An audio file that cannot be read; the message says why."""
+
+
+class AudioTooLong(AudioFileError):
+    """An audio file that holds more audio than allowed; found before it was decoded
+    past the limit."""
+
+    def __init__(self, seconds: float, limit: float) -> None:
+        super().__init__(f"the body holds {seconds:.1f}+ s of audio, over the limit of "
+                         f"{limit:g} s (max_upload_seconds)")
 
 
 def load_audio(path: str | Path) -> np.ndarray:
@@ -34,16 +43,23 @@ def load_audio(path: str | Path) -> np.ndarray:
     return np.ascontiguousarray(pcm)
 
 
-def decode_audio_bytes(data: bytes) -> np.ndarray:
+def decode_audio_bytes(data: bytes, max_seconds: float | None = None) -> np.ndarray:
     """A whole WAV/FLAC/OGG/MP3 file's bytes to 24 kHz mono float32 (its first channel,
-    as moshi-server's POST takes). Raises :class:`AudioFileError` saying why not."""
+    as moshi-server's POST takes). Raises :class:`AudioFileError` saying why not, and
+    :class:`AudioTooLong` once it finds more than ``max_seconds`` of audio: Opus is
+    counted from its packets before it is decoded, other formats are decoded no further
+    than the limit."""
 
     if not data:
         raise AudioFileError("the body is empty: send a WAV, FLAC, OGG or MP3 file")
     if data[:4] == b"OggS" and b"OpusHead" in data[:128]:
+        if max_seconds is not None:
+            seconds = oggopus.stream_samples(data) / oggopus.RATE
+            if seconds > max_seconds:
+                raise AudioTooLong(seconds, max_seconds)
         pcm = _decode_opus(data)
     else:
-        pcm = _decode_file(data)
+        pcm = _decode_file(data, max_seconds)
     if pcm.size == 0:
         raise AudioFileError("the body holds no audio")
     problem = protocol.sample_problem(pcm)
@@ -63,13 +79,15 @@ def _decode_opus(data: bytes) -> np.ndarray:
     return np.ascontiguousarray(pcm, dtype=np.float32)
 
 
-def _decode_file(data: bytes) -> np.ndarray:
+def _decode_file(data: bytes, max_seconds: float | None) -> np.ndarray:
     import tempfile
 
     with tempfile.NamedTemporaryFile(prefix="asrpool-upload-") as file:
         file.write(data)
         file.flush()
-        return _decode_first_channel(file.name)
+        if max_seconds is None:
+            return _decode_first_channel(file.name)
+        return _decode_first_channel_within(file.name, max_seconds)
 
 
 def _decode_first_channel(path: str) -> np.ndarray:
@@ -82,6 +100,39 @@ def _decode_first_channel(path: str) -> np.ndarray:
         raise AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}") from exc
     pcm = np.asarray(data, dtype=np.float32)
     return np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm)
+
+
+def _decode_first_channel_within(path: str, max_seconds: float) -> np.ndarray:
+    """As :func:`_decode_first_channel` (the same samples), decoding at most a little
+    past ``max_seconds``: a compressed file of silence cannot make it decode hours."""
+    import sphn
+
+    try:
+        rate, pcm = _decode_up_to(path, max_seconds)
+    except Exception as exc:  # sphn raises plain exceptions for unsupported formats
+        reason = str(exc).replace(f'"{path}": ', "")
+        raise AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}") from exc
+    first = np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm, dtype=np.float32)
+    if first.size > max_seconds * rate:
+        raise AudioTooLong(first.size / rate, max_seconds)
+    if rate == SAMPLE_RATE:
+        return first
+    return np.ascontiguousarray(sphn.resample(first, rate, SAMPLE_RATE), dtype=np.float32)
+
+
+def _decode_up_to(path: str, max_seconds: float) -> tuple[int, np.ndarray]:
+    """The file's rate and its samples, up to a second past ``max_seconds``. sphn sets
+    aside room for the whole span it is asked for, so it is first asked for the length
+    the file declares; only a file that turns out longer is decoded again to the limit."""
+    import sphn
+
+    reader = sphn.FileReader(path)
+    rate = int(reader.sample_rate)
+    span = min(max_seconds, float(reader.duration_sec)) + 1.0
+    pcm = np.asarray(reader.decode(0.0, span))
+    if span < max_seconds + 1.0 and pcm.shape[-1] >= int(span * rate):
+        pcm = np.asarray(sphn.FileReader(path).decode(0.0, max_seconds + 1.0))
+    return rate, pcm
 
 
 def kyutai_file_messages(

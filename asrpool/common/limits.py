@@ -43,7 +43,7 @@ import pydantic
 from uvicorn.protocols.http import h11_impl
 from websockets import http11
 
-from asrpool.common import framing, protocol, rates
+from asrpool.common import bodies, framing, protocol, rates
 
 DEFAULT_MAX_HEAD_BYTES = 32 << 10
 DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)
@@ -108,10 +108,21 @@ class StreamSettings(pydantic.BaseModel):
         description="largest client message accepted (larger: too_large)")
     max_upload_bytes: int = pydantic.Field(
         default=64 << 20, ge=1024, description="largest POST /api/asr-streaming body")
+    # As nginx's client_body_timeout: a slow body holds memory and a connection.
+    body_timeout_seconds: float = pydantic.Field(
+        default=60.0, gt=0, description="longest wait for the next piece of a POST body"
+        " (else HTTP 408)")
+    min_body_bytes_per_second: int = pydantic.Field(
+        default=8192, ge=0, description="slowest average pace of a POST body once"
+        " body_timeout_seconds have passed (else 408; 0: any pace)")
     ping_interval_seconds: float = pydantic.Field(
         default=10.0, gt=0, description="websocket ping period towards clients")
     ping_timeout_seconds: float = pydantic.Field(
         default=10.0, gt=0, description="drop a client not answering a ping within this")
+
+    @property
+    def body_pace(self) -> bodies.Pace:
+        return bodies.Pace(self.body_timeout_seconds, self.min_body_bytes_per_second)
 
 
 class StreamGate(Protocol):

@@ -1,0 +1,87 @@
+"""How much audio Ogg Opus bytes hold, read from the packets' TOC bytes, before decoding.
+
+A few bytes of Opus can decode to seconds of audio (a 3-byte packet declares up to
+120 ms), so a stream's length must be known before it is decoded, not after. Every Opus
+packet begins with a TOC byte (RFC 6716, section 3.1): its configuration gives the
+frame duration, its two low bits the frame count (code 3: the count is in the next
+byte). An empty packet (a lost frame, concealed by the decoder) is counted as the
+longest packet, 120 ms, so that no input decodes to more than it is counted for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+RATE = 48_000  # Opus durations are counted at 48 kHz whatever the stream's rate
+MAX_PACKET = 5_760  # 120 ms: no packet decodes to more (RFC 6716, section 3.2.5)
+_PAGE_HEADER = 27
+_HEADER_PACKETS = 2  # OpusHead and OpusTags carry no audio
+_SILK = (480, 960, 1920, 2880)  # configurations 0-11: 10, 20, 40, 60 ms
+_HYBRID = (480, 960)  # 12-15: 10, 20 ms
+_CELT = (120, 240, 480, 960)  # 16-31: 2.5, 5, 10, 20 ms
+
+
+def packet_samples(head: bytes) -> int:
+    """Samples at 48 kHz that a packet beginning with ``head`` (its first two bytes, or
+    fewer if it is shorter) decodes to at most."""
+    if not head:
+        return MAX_PACKET
+    config, code = head[0] >> 3, head[0] & 3
+    if config < 12:
+        frame = _SILK[config % 4]
+    elif config < 16:
+        frame = _HYBRID[config % 2]
+    else:
+        frame = _CELT[config % 4]
+    if code == 0:
+        frames = 1
+    elif code in (1, 2):
+        frames = 2
+    else:
+        frames = head[1] & 0x3F if len(head) > 1 else 0
+    return min(frames * frame, MAX_PACKET)
+
+
+@dataclasses.dataclass
+class Counter:
+    """Samples at 48 kHz of the audio packets in a stream's pages, fed in order.
+
+    A packet may run on over pages (a lacing value of 255 ends a page); it is counted
+    where it starts, from its first two bytes, which a page holds whenever the packet
+    is longer than one byte.
+    """
+
+    packets: int = 0
+    samples: int = 0
+    _continuing: bool = False
+
+    def page(self, page: bytes | bytearray | memoryview) -> int:
+        """Count one whole page; the samples it adds."""
+        segments = page[26]
+        offset = _PAGE_HEADER + segments
+        added = 0
+        for lacing in page[_PAGE_HEADER:_PAGE_HEADER + segments]:
+            if not self._continuing:
+                if self.packets >= _HEADER_PACKETS:
+                    added += packet_samples(bytes(page[offset:offset + min(lacing, 2)]))
+                self.packets += 1
+            offset += lacing
+            self._continuing = lacing == 255
+        self.samples += added
+        return added
+
+
+def stream_samples(data: bytes) -> int:
+    """Samples at 48 kHz in a whole Ogg Opus file's pages (up to the first byte that
+    does not begin a whole page: the decoder reads no further either)."""
+    counter = Counter()
+    view = memoryview(data)
+    at = 0
+    while at + _PAGE_HEADER <= len(data) and view[at:at + 4] == b"OggS":
+        segments = data[at + 26]
+        size = _PAGE_HEADER + segments + sum(view[at + _PAGE_HEADER:at + _PAGE_HEADER + segments])
+        if at + size > len(data):
+            break
+        counter.page(view[at:at + size])
+        at += size
+    return counter.samples

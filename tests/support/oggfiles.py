@@ -1,0 +1,36 @@
+"""Ogg Opus files built packet by packet, for inputs no encoder would write (a few
+bytes that declare long audio)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from asrpool.server import inputs
+
+SERIAL = 0x5EED
+# A 2-byte packet of six empty 20 ms CELT frames (TOC config 31, code 3, CBR): 120 ms.
+EMPTY_120_MS = bytes([31 << 3 | 3, 6])
+OPUS_HEAD = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 312, 24_000, 0, 0)
+OPUS_TAGS = b"OpusTags" + struct.pack("<I", 7) + b"asrpool" + struct.pack("<I", 0)
+
+
+def page(packets: Sequence[bytes], sequence: int, granule: int, flags: int = 0) -> bytes:
+    """One Ogg page holding whole ``packets`` (each under 255 bytes), its CRC set."""
+    lacing = bytes(len(packet) for packet in packets)
+    header = struct.pack("<4sBBqIIIB", b"OggS", 0, flags, granule, SERIAL, sequence, 0,
+                         len(lacing))
+    raw = header + lacing + b"".join(packets)
+    crc = inputs.ogg_crc(raw)
+    return raw[:22] + struct.pack("<I", crc) + raw[26:]
+
+
+def opus_file(audio_packets: Sequence[bytes], samples_per_packet: int) -> bytes:
+    """OpusHead, OpusTags, then the packets 255 to a page (granules at 48 kHz)."""
+    pages = [page([OPUS_HEAD], 0, 0, flags=2), page([OPUS_TAGS], 1, 0)]
+    for start in range(0, len(audio_packets), 255):
+        chunk = audio_packets[start:start + 255]
+        last = start + len(chunk) >= len(audio_packets)
+        granule = (start + len(chunk)) * samples_per_packet
+        pages.append(page(chunk, len(pages), granule, flags=4 if last else 0))
+    return b"".join(pages)
