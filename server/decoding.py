@@ -50,7 +50,9 @@ class Refused(Exception):
 async def decode(body: bytes, limits: Limits) -> np.ndarray:
     """The body's audio, 24 kHz mono float32; raises :class:`Refused`."""
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "asrpool.server.decoding", repr(limits.max_seconds),
+        # -P: the working directory is not put on sys.path (a checkout's operator/
+        # folder would hide the standard library's operator module).
+        sys.executable, "-P", "-m", "asrpool.server.decoding", repr(limits.max_seconds),
         str(limits.memory_bytes), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **_ONE_THREAD})

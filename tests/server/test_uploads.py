@@ -207,7 +207,20 @@ def _slow_post(server: servers.ServerProcess, pieces: list[bytes], pause: float)
             except OSError:  # refused meanwhile
                 break
             time.sleep(pause)
-        return sock.recv(65536).decode(errors="replace")
+        return _answer(sock)
+
+
+def _answer(sock: socket.socket) -> str:
+    """A whole HTTP answer: its head, then as many bytes as its content-length says."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"\r\n\r\n"
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length and (more := sock.recv(65536)):
+        body += more
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
 
 
 def test_a_body_that_stops_coming_is_408(upload_server: servers.ServerProcess) -> None:
