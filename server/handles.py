@@ -59,12 +59,28 @@ class Handle:
             self.push_marker(message["id"])
         elif message["type"] == "Init":
             self.restart()
-        elif message["type"] == "OggOpus" and len(message["data"]) > _DECODE_IN_LOOP:
-            # Minutes of Opus take a second to decode: not on the event loop. The
-            # reader is awaited before the next message, so the decoder has one user.
-            self.push_audio(await asyncio.to_thread(self._stream.input.pcm, message))
+        elif message["type"] == "OggOpus":
+            await self._push_opus(message["data"])
         else:
             self.push_audio(self._stream.input.pcm(message))
+
+    async def _push_opus(self, data: bytes) -> None:
+        """Decoded only as far as the slot's buffer has room; the rest waits, still
+        encoded, for room (the connection is not read meanwhile, as for PCM)."""
+        opus = self._stream.input.opus_decoder()
+        while True:
+            room = max(self._cap - self.buffered(), 0)
+            if len(data) + opus.pending > _DECODE_IN_LOOP:
+                # Seconds of Opus take a while to decode: not on the event loop. The
+                # message is awaited before the next one, so the decoder has one user.
+                pcm = await asyncio.to_thread(opus.decode, data, room)
+            else:
+                pcm = opus.decode(data, room)
+            self.push_audio(pcm)
+            if not opus.pending:
+                return
+            data = b""
+            await self.room()
 
     def push_marker(self, marker_id: int) -> None:
         stream = self._stream

@@ -9,11 +9,12 @@ an ``OpusHead`` for one channel (sphn would silently down-mix a stereo stream).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
 
-from asrpool.common import protocol
+from asrpool.common import oggopus, protocol
 
 _PAGE_HEADER = 27  # "OggS", version, type, granule (8), serial (4), sequence (4), CRC (4), segments
 _CRC_AT = 22
@@ -123,30 +124,71 @@ def check_opus_head(page: bytes) -> None:
 
 
 class OpusDecoder:
-    """Pieces of one Ogg Opus stream in, 24 kHz mono float32 out."""
+    """Pieces of one Ogg Opus stream in, 24 kHz mono float32 out.
+
+    Each page is measured from its packets before it is decoded
+    (:class:`asrpool.common.oggopus.Counter`), so a caller can have only as much decoded
+    as it has room for: the other pages wait, still encoded (:attr:`pending`), for the
+    next call. A page holds at most 255 packets of 120 ms, so one decode step is
+    bounded whatever the message (a message of empty packets declares hours).
+    """
 
     def __init__(self) -> None:
         import sphn
 
         self._reader = sphn.OpusStreamReader(protocol.SAMPLE_RATE)
         self._pages = OggPages()
+        self._counter = oggopus.Counter()
+        self._waiting: collections.deque[bytes] = collections.deque()
+        self._head: int | None = None  # the first waiting page's samples, once counted
+        self.pending = 0  # bytes of whole pages not decoded yet
 
-    def decode(self, data: bytes) -> np.ndarray:
+    def decode(self, data: bytes, room: int | None = None) -> np.ndarray:
+        """Decode ``data`` and the pages waiting before it: all of them, or (``room``
+        samples given) whole pages until they fill the room, one page at least."""
         first = self._pages.count == 0
         pages = self._pages.feed(data)
         if first and pages:
             check_opus_head(pages[0])
-        if not pages:
+        for page in pages:
+            self._waiting.append(page)
+            self.pending += len(page)
+        return self._decode_waiting(room)
+
+    def _decode_waiting(self, room: int | None) -> np.ndarray:
+        pcm: list[np.ndarray] = []
+        decoded = 0
+        while self._waiting:
+            samples = self._head_samples()
+            if room is not None and decoded and decoded + samples > room:
+                break
+            page = self._waiting.popleft()
+            self._head = None
+            self.pending -= len(page)
+            pcm.append(self._decode_page(page))
+            decoded += samples
+        if not pcm:
             return np.zeros(0, dtype=np.float32)
-        try:  # one page at a time: sphn's reader fails on many pages in one call
-            pcm = [self._reader.append_bytes(page) for page in pages]
-        except ValueError as exc:  # sphn reports what it cannot decode as ValueError
-            raise _bad(f"undecodable Ogg Opus data: {exc}") from exc
-        out = np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1) for p in pcm])
+        out = np.concatenate(pcm)
         problem = protocol.sample_problem(out)
         if problem is not None:
             raise _bad(f"decoded Ogg Opus audio {problem}")
         return out
+
+    def _head_samples(self) -> int:
+        """Samples at 24 kHz the first waiting page declares (counted once, when it is
+        first weighed: a message of many pages costs no count before its turn)."""
+        if self._head is None:
+            self._head = (self._counter.page(self._waiting[0]) * protocol.SAMPLE_RATE
+                          // oggopus.RATE)
+        return self._head
+
+    def _decode_page(self, page: bytes) -> np.ndarray:
+        try:  # one page at a time: sphn's reader fails on many pages in one call
+            pcm = self._reader.append_bytes(page)
+        except ValueError as exc:  # sphn reports what it cannot decode as ValueError
+            raise _bad(f"undecodable Ogg Opus data: {exc}") from exc
+        return np.asarray(pcm, dtype=np.float32).reshape(-1)
 
 
 @dataclasses.dataclass
@@ -157,12 +199,18 @@ class StreamInput:
     opus: OpusDecoder | None = None
 
     def pcm(self, message: protocol.AudioMessage | protocol.OggOpusMessage) -> np.ndarray:
-        self._claim(message["type"])
+        """The message's audio, all of it decoded."""
         if message["type"] == "Audio":
+            self._claim("Audio")
             return message["pcm"]
+        return self.opus_decoder().decode(message["data"])
+
+    def opus_decoder(self) -> OpusDecoder:
+        """The stream's Opus decoder (the stream is an OggOpus one from now on)."""
+        self._claim("OggOpus")
         if self.opus is None:
             self.opus = OpusDecoder()
-        return self.opus.decode(message["data"])
+        return self.opus
 
     def _claim(self, kind: str) -> None:
         if self.kind is None:

@@ -151,6 +151,7 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
             if not budget.spend(budgets.samples_of(decoded)):
                 return _over_budget(pod)
             await handle.push(decoded)
+            last_audio = time.monotonic()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
             too_large = exc.code == "too_large"
             return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large

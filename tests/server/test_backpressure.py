@@ -11,7 +11,9 @@ import asyncio
 import os
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
+import sphn
 
 from tests.server import conftest, reference
 from tests.support import kyutai_client, servers
@@ -71,3 +73,24 @@ async def test_fast_client_is_held_back_without_loss(
     record_property("rss_baseline_mib", baseline / 2**20)
     record_property("rss_growth_mib", growth / 2**20)
     assert growth < 64 * 2**20, f"server RSS grew by {growth / 2**20:.1f} MiB"
+
+
+async def test_an_opus_message_is_decoded_only_as_far_as_the_buffer_has_room(
+        capped_server: servers.ServerProcess) -> None:
+    """20 s of Opus silence in one 40 KB message (a 16 MiB one would decode to some
+    800 MB): the pod decodes its pages as its buffer drains, the rest waits encoded.
+    Before, the whole message was decoded into the buffer at once."""
+    writer = sphn.OpusStreamWriter(24_000)
+    silence = np.zeros(1920, dtype=np.float32)
+    seconds = 20
+    data = b"".join(bytes(writer.append_pcm(silence)) for _ in range(seconds * 25 // 2))
+    flush = b"".join(bytes(writer.append_pcm(silence)) for _ in range(5 * 25 // 2))
+    async with await kyutai_client.connect(capped_server.ws_url) as ws:
+        await kyutai_client.expect(ws, "Ready")
+        await ws.send(kyutai_client.pack({"type": "OggOpus", "data": data}))
+        await ws.send(kyutai_client.marker(0))
+        await ws.send(kyutai_client.pack({"type": "OggOpus", "data": flush}))
+        messages = await kyutai_client.until_marker(ws, 0, timeout=600)
+    assert _max_buffered(messages) <= (CAP_SECONDS + 0.1) * 24_000
+    steps = [m for m in messages if m["type"] == "Step"]
+    assert len(steps) >= seconds * 25 // 2  # all of it was heard

@@ -77,3 +77,16 @@ def test_audio_and_opus_are_not_mixed() -> None:
     with pytest.raises(protocol.ProtocolError) as caught:
         stream.pcm({"type": "OggOpus", "data": _pages()[0]})
     assert caught.value.code == "mixed_audio"
+
+
+def test_a_decode_with_room_stops_at_whole_pages_and_the_rest_waits_encoded() -> None:
+    data = b"".join(_pages(10.0))
+    whole = _decode([data])
+    decoder = inputs.OpusDecoder()
+    first = decoder.decode(data, room=RATE)
+    assert 0 < len(first) <= RATE and decoder.pending > 0
+    parts = [first]
+    while decoder.pending:
+        parts.append(decoder.decode(b"", room=RATE))
+        assert len(parts[-1]) <= RATE
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
