@@ -1,14 +1,16 @@
 """Capacity benchmark: the largest batch whose whole server step holds real time.
 
 A trial runs one pod's work per 80 ms for ``B`` real-time streams through the server's
-own code: each stream's ``Audio`` message decoded (``protocol.decode_client``) into its
-per-slot buffer (``server.slots``), the engine thread's ``engine_loop.run_batch``
-(resets, markers, one batched Mimi encode + LM step, word decoding),
-``Sessions.deliver`` (protocol messages, encoded) and the writers' outbox bookkeeping.
-Only the socket I/O is left out (``asrpool bench server`` measures that). The parts
-run one after the other, as if the event loop's work could not overlap the engine's
-(both hold the GIL for most of it): a conservative bound. A batch passes when the p99
-of its timed steps (after warm-up) is under ``--max-p99-ms`` (80 ms, one frame).
+own code: each stream's messages of the step decoded (``protocol.decode_client``, and
+Opus by the stream's decoder; ``--input``: PCM in 80 ms or 1 s messages, or Opus pages,
+see ``bench/intake.py``) into its per-slot buffer (``server.slots``), the engine
+thread's ``engine_loop.run_batch`` (resets, markers, one batched Mimi encode + LM
+step, word decoding), ``Sessions.deliver`` (protocol messages, encoded) and the
+writers' outbox bookkeeping. Only the socket I/O is left out (``asrpool bench server``
+measures that). The parts run one after the other, as if the event loop's work could
+not overlap the engine's (both hold the GIL for most of it): a conservative bound. A
+batch passes when the p99 of its timed steps (after warm-up) is under ``--max-p99-ms``
+(80 ms, one frame).
 
 The search grows the batch geometrically (x2) until a trial fails, then bisects
 between the largest pass and the smallest failure, within ``--max-trials`` trials
@@ -17,8 +19,13 @@ OutOfMemoryError, or a state estimate over the memory available) is a failed tri
 it bounds the search. On CUDA the search runs with moshi's CUDA graphs on (as the
 server runs) and again with them off; on the CPU graphs do not apply.
 
-Writes ``bench/results/capacity-<model>-<device>.json`` (``streams_per_gpu``: the
-capacity found) and a PNG of step time against batch with the 80 ms line.
+Beside the capacity, the host's and the engine's own ceilings at the capacity batch:
+80 ms over each one's time per stream (``host_us_per_stream``: the whole step less the
+engine's), and which of the two binds (the host's work grows with the streams, the
+engine's less than that on a GPU, so these are estimates from one batch).
+
+Writes ``bench/results/capacity-<model>-<device>[-<input>].json`` (``streams_per_gpu``:
+the capacity found) and a PNG of step time against batch with the 80 ms line.
 
     asrpool bench capacity --model small --device cpu --price-per-gpu-hour 2.5
 """
@@ -39,17 +46,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import torch
 from moshi.utils import compile as moshi_compile
 
-from asrpool.bench import devices, isolation
-from asrpool.common import protocol
+from asrpool.bench import devices, intake
 from asrpool.server import engine, engine_loop, models, sessions, slots
 
 FRAME_MS = 80.0
-AUDIO_BANK_FRAMES = 50  # distinct frames per stream, cycled (4 s of audio)
+DEFAULT_INPUT = "pcm-80ms"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -77,6 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.5,
                         help="dollars per GPU-hour (per machine-hour on the CPU)")
     parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--input", default=DEFAULT_INPUT, choices=intake.KINDS,
+                        help="what each stream sends per step (bench/intake.py)")
     parser.add_argument("--out", default="bench/results")
     return parser.parse_args(argv)
 
@@ -143,16 +150,14 @@ def search(trial: Callable[[int], dict[str, Any]], start: int, max_batch: int,
 class PodStep:
     """``batch`` streams, each with one 80 ms frame per call, through the server's code."""
 
-    def __init__(self, model: models.LoadedModel, batch: int) -> None:
+    def __init__(self, model: models.LoadedModel, batch: int, kind: str = DEFAULT_INPUT,
+                 steps: int = 64) -> None:
         self.buffers = slots.SlotBuffers(batch)
         self.sessions = sessions.Sessions(self.buffers, resume_grace=0.0, max_pending=10_000,
                                           on_change=lambda: None)
         self.streams = [self.sessions.open() for _ in range(batch)]
         self.engine = engine.BatchedEngine(model, batch)
-        audio = isolation.speechlike(AUDIO_BANK_FRAMES * 0.08, seed=0)
-        self.bank = [msgpack.packb({"type": "Audio", "pcm": frame.tolist()},
-                                   use_single_float=True)  # as Kyutai's clients send it
-                     for frame in audio.reshape(AUDIO_BANK_FRAMES, engine.FRAME_SIZE)]
+        self.intake = intake.build(kind, batch, steps)
         self.calls = 0
 
     def close(self) -> None:
@@ -161,11 +166,8 @@ class PodStep:
     def __call__(self) -> tuple[float, float, float]:
         """One step; seconds (whole, engine step, intake: decoding and buffering audio)."""
         started = time.perf_counter()
-        for slot in range(self.buffers.total):
-            message = protocol.decode_client(self.bank[(self.calls + 7 * slot) % len(self.bank)])
-            assert message["type"] == "Audio"
-            self.buffers.push_audio(slot, message["pcm"])
-        intake = time.perf_counter() - started
+        self.intake.feed(self.buffers, self.calls)
+        intake_s = time.perf_counter() - started
         taken = self.buffers.take()
         assert taken is not None
         output = engine_loop.run_batch(self.engine, taken)
@@ -174,7 +176,7 @@ class PodStep:
             while stream.outbox:
                 stream.mark_sent()
         self.calls += 1
-        return time.perf_counter() - started, output.duration, intake
+        return time.perf_counter() - started, output.duration, intake_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +185,7 @@ class TrialSettings:
     warmup: int
     max_p99_ms: float
     graphs: bool | None  # None: not applicable (CPU)
+    input: str = DEFAULT_INPUT
 
 
 def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
@@ -195,7 +198,7 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
     pod: PodStep | None = None
     try:
         with _graphs_mode(settings.graphs):
-            pod = PodStep(model, batch)
+            pod = PodStep(model, batch, settings.input, settings.warmup + settings.steps)
             timings = _timed_steps(pod, settings)
         row |= memory.after_trial(pod.engine.state_nbytes(), batch)
     except torch.cuda.OutOfMemoryError as exc:
@@ -207,6 +210,7 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
         row |= {"passed": False, "oom": True, "note": devices.first_line(exc)}
     else:
         row |= _timing_row(timings, settings.max_p99_ms)
+        row["host_us_per_stream"] = round(row["host_p50_ms"] * 1e3 / batch, 2)
     finally:
         if pod is not None:
             pod.close()
@@ -384,7 +388,7 @@ def _search_mode(model: models.LoadedModel, memory: MemoryProbe, graphs: bool | 
                  args: argparse.Namespace) -> Search:
     budget = args.time_budget_s
     deadline = None if budget is None else time.monotonic() + budget
-    settings = TrialSettings(args.steps, args.warmup, args.max_p99_ms, graphs)
+    settings = TrialSettings(args.steps, args.warmup, args.max_p99_ms, graphs, args.input)
 
     def one(batch: int) -> dict[str, Any]:
         row = trial_again_if_noisy(model, batch, settings, memory, args.retries)
@@ -429,13 +433,28 @@ def _result(args: argparse.Namespace, device: torch.device, model: models.Loaded
         "context": model.lm.context, "max_p99_ms": args.max_p99_ms,
         "steps_per_trial": args.steps, "warmup_steps": args.warmup, "retries": args.retries,
         "start": args.start, "max_batch": args.max_batch, "max_trials": args.max_trials,
-        "streams_per_gpu": capacity, "bound": searches[main_mode].bound,
+        "input": args.input, "streams_per_gpu": capacity, "bound": searches[main_mode].bound,
+        "ceilings": ceilings(at_capacity),
         "cuda_graphs": _graphs_summary(device, searches),
         "memory": _memory_summary(memory, at_capacity),
         "price_per_gpu_hour": args.price_per_gpu_hour,
         "cents_per_audio_hour": cents_per_audio_hour(args.price_per_gpu_hour, capacity),
         "elapsed_s": round(elapsed, 1), "batches": rows,
     }
+
+
+def ceilings(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Streams that 80 ms of host work and 80 ms of engine work would each hold, at the
+    rate per stream of ``row`` (the capacity batch), and which is the smaller."""
+    if row is None:
+        return None
+    batch = row["batch_size"]
+    host = FRAME_MS * batch / row["host_p50_ms"] if row["host_p50_ms"] > 0 else None
+    engine_ = FRAME_MS * batch / row["engine_p50_ms"] if row["engine_p50_ms"] > 0 else None
+    binds = None if host is None or engine_ is None else ("host" if host < engine_ else "engine")
+    return {"at_batch": batch, "host_us_per_stream": row.get("host_us_per_stream"),
+            "host_streams": None if host is None else int(host),
+            "engine_streams": None if engine_ is None else int(engine_), "binds": binds}
 
 
 def cents_per_audio_hour(price_per_gpu_hour: float, streams: int) -> float | None:
@@ -474,7 +493,8 @@ def _device_name(device: torch.device) -> str:
 
 def file_stem(result: dict[str, Any]) -> str:
     model = str(result["model"]).replace("/", "_")
-    return f"capacity-{model}-{result['device']}"
+    kind = result.get("input", DEFAULT_INPUT)
+    return f"capacity-{model}-{result['device']}" + ("" if kind == DEFAULT_INPUT else f"-{kind}")
 
 
 def write(result: dict[str, Any], out: Path) -> tuple[Path, Path | None]:
@@ -539,5 +559,10 @@ def print_summary(result: dict[str, Any], json_path: Path, png_path: Path | None
           f"({result['bound']} bound); "
           + (f"{cents:.3f} cents per audio-hour at ${result['price_per_gpu_hour']}/h"
              if cents is not None else "no cost (no stream fits)"))
+    limits = result.get("ceilings")
+    if limits:
+        print(f"  at B={limits['at_batch']}: host {limits['host_us_per_stream']} us per stream"
+              f" (ceiling {limits['host_streams']} streams), engine ceiling "
+              f"{limits['engine_streams']} streams: the {limits['binds']} binds")
     if not result["cuda_graphs"]["applies"]:
         print(f"  {result['cuda_graphs']['note']}")

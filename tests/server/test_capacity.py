@@ -127,3 +127,31 @@ def test_a_noisy_trial_runs_again_and_a_slow_one_does_not(
     assert again["passed"] and again["runs"] == 2 and again["p99_ms_of_runs"] == [900, 70]
     slow = capacity.trial_again_if_noisy(None, 8, settings, None, retries=1)
     assert not slow["passed"] and slow["runs"] == 1
+
+
+@pytest.mark.parametrize("kind", ["pcm-80ms", "pcm-1s", "opus"])
+def test_every_input_kind_keeps_every_stream_fed(kind: str) -> None:
+    """Each kind goes through the server's intake and no stream runs dry: every step
+    runs a frame of every stream, and every stream gets its results."""
+    from asrpool.server import models
+
+    pod = capacity.PodStep(models.load_model("tiny"), 3, kind, steps=30)
+    try:
+        frames = []
+        for _ in range(30):
+            pod()
+            frames.append(pod.engine.steps_run)
+        assert frames == list(range(1, 31))
+        assert [stream.sent >= 30 for stream in pod.streams] == [True] * 3  # a Step each
+    finally:
+        pod.close()
+
+
+def test_ceilings_say_which_part_binds() -> None:
+    row = {"batch_size": 100, "host_p50_ms": 20.0, "engine_p50_ms": 40.0,
+           "host_us_per_stream": 200.0}
+    assert capacity.ceilings(row) == {"at_batch": 100, "host_us_per_stream": 200.0,
+                                      "host_streams": 400, "engine_streams": 200,
+                                      "binds": "engine"}
+    assert capacity.ceilings(row | {"host_p50_ms": 50.0})["binds"] == "host"
+    assert capacity.ceilings(None) is None
