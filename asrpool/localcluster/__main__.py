@@ -123,7 +123,7 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
                                    seeds)
         real.create_network()
         plane = controlplane.ControlPlane(controlplane.Binaries.find(args.bin_dir), workdir,
-                                          real.address)
+                                          real.address, real.identities)
         access = plane.start()
         args.kubeconfig.write_text(access.kubeconfig())
         loaded = real.start(access, archives)

@@ -1,18 +1,25 @@
-"""The cluster DNS of real nodes: CoreDNS on the host's bridge address, port 53.
+"""The cluster DNS of real nodes: CoreDNS on the host's bridge address, port 53, behind
+the ``kube-system/kube-dns`` Service as in any cluster.
 
 Its kubernetes plugin answers ``cluster.local`` (and reverse lookups of pod and
 Service addresses) from the API server, with the administrator's kubeconfig. It has no
 forwarder: a name outside the cluster gets no answer from anywhere else, as nothing
-leaves the machine.
+leaves the machine. Pods ask the Service's address (``controlplane.DNS_SERVICE_IP``,
+every kubelet's ``clusterDNS``), which kube-proxy sends to CoreDNS through an
+EndpointSlice naming the host's address: so a pod's DNS traffic is Service traffic, as
+NetworkPolicies that allow DNS to ``kube-dns`` expect.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from asrpool.common import processes
-from asrpool.localcluster import kubelets
+from asrpool.localcluster import controlplane, kubelets
 
 START_TIMEOUT = 60.0
 
@@ -47,3 +54,35 @@ def start(binary: Path, address: str, kubeconfig: Path, workdir: Path) -> proces
 def _ready(port: int) -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
         return int(answer.status) == 200
+
+
+def service(address: str) -> list[dict[str, Any]]:
+    """The ``kube-dns`` Service (no selector) and its EndpointSlice: CoreDNS at
+    ``address``."""
+    ports = [{"name": "dns", "port": 53, "protocol": "UDP"},
+             {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]
+    return [
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "kube-dns", "namespace": "kube-system",
+                      "labels": {"k8s-app": "kube-dns"}},
+         "spec": {"clusterIP": controlplane.DNS_SERVICE_IP,
+                  "ports": [port | {"targetPort": 53} for port in ports]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "kube-dns-coredns", "namespace": "kube-system",
+                      "labels": {"kubernetes.io/service-name": "kube-dns",
+                                 "endpointslice.kubernetes.io/managed-by": "asrpool"}},
+         "addressType": "IPv4",
+         "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+         "ports": ports},
+    ]
+
+
+def publish(kubectl: Path, kubeconfig: Path, address: str) -> None:
+    """Create the ``kube-dns`` Service for CoreDNS at ``address``."""
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": service(address)})
+    done = subprocess.run([str(kubectl), "--kubeconfig", str(kubeconfig), "apply", "-f", "-"],
+                          input=manifest, capture_output=True, text=True, timeout=60,
+                          check=False)
+    if done.returncode != 0:
+        raise processes.StartError(f"could not create the kube-dns Service: "
+                                   f"{done.stderr.strip()}")

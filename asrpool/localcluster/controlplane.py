@@ -14,6 +14,7 @@ import dataclasses
 import secrets
 import ssl
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -27,6 +28,7 @@ START_TIMEOUT = 120.0
 # nodes' networks: dialled only inside the network namespaces of real nodes.
 SERVICE_RANGE = "198.19.0.0/16"
 KUBERNETES_SERVICE_IP = "198.19.0.1"  # the first address of the range
+DNS_SERVICE_IP = "198.19.0.10"  # the kube-dns Service, as kubeadm numbers it
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -61,11 +63,17 @@ def _etcd_binary() -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class Access:
-    """How to reach the API server as its administrator."""
+    """How to reach the API server as its administrator (and, by ``tokens``, as each
+    of the identities the control plane was started with)."""
 
     server: str
     token: str
     ca_cert: Path
+    tokens: dict[str, str] = dataclasses.field(default_factory=dict)  # user: token
+
+    def kubeconfig_of(self, user: str) -> str:
+        """A kubeconfig for one of the identities."""
+        return self.kubeconfig(user, self.tokens[user])
 
     def kubeconfig(self, user: str = "admin", token: str | None = None) -> str:
         return yaml.safe_dump({
@@ -93,10 +101,14 @@ class ControlPlane:
     """Starts the four programs in order, each waited for; stops them in reverse."""
 
     def __init__(self, binaries: Binaries, workdir: Path,
-                 address: str = processes.LOOPBACK) -> None:
+                 address: str = processes.LOOPBACK,
+                 identities: Mapping[str, str] | None = None) -> None:
         """``address``: where the API server listens and what it advertises (loopback, or
-        the host's address on the bridge of real nodes, which their pods reach)."""
+        the host's address on the bridge of real nodes, which their pods reach).
+        ``identities``: users (and each one's group, or "") given a token of their own,
+        such as each real node's ``system:node:NAME`` in ``system:nodes``."""
         self.binaries, self.workdir, self.address = binaries, workdir, address
+        self.identities = dict(identities or {})
         self.children: list[processes.Child] = []
         self.access: Access | None = None
 
@@ -135,7 +147,10 @@ class ControlPlane:
                          token: str) -> Access:
         port = processes.free_port(self.address)
         tokens = self.workdir / "pki" / "tokens.csv"
-        tokens.write_text(f'{token},admin,admin,"system:masters"\n')
+        others = {user: secrets.token_hex(24) for user in self.identities}
+        tokens.write_text(f'{token},admin,admin,"system:masters"\n' + "".join(
+            f'{others[user]},{user},{user}' + (f',"{group}"' if group else "") + "\n"
+            for user, group in self.identities.items()))
         apiserver = self._spawn("kube-apiserver", [
             str(self.binaries.kube_apiserver),
             "--etcd-servers", etcd_url,
@@ -146,6 +161,8 @@ class ControlPlane:
             "--client-ca-file", str(certificates.ca_cert),
             "--token-auth-file", str(tokens),
             "--authorization-mode", "Node,RBAC",
+            # A node's credentials reach only its own Node and the objects of its pods.
+            "--enable-admission-plugins", "NodeRestriction",
             "--service-account-issuer", ISSUER,
             "--service-account-key-file", str(certificates.service_account_public),
             "--service-account-signing-key-file", str(certificates.service_account_key),
@@ -157,7 +174,7 @@ class ControlPlane:
             "--profiling=false",
             "--cert-dir", str(self.workdir / "pki"),
             "--v", "0"])
-        access = Access(f"https://{self.address}:{port}", token, certificates.ca_cert)
+        access = Access(f"https://{self.address}:{port}", token, certificates.ca_cert, others)
         processes.wait_until(lambda: access.get("/readyz") == 200, START_TIMEOUT,
                              "kube-apiserver", [apiserver])
         return access

@@ -73,6 +73,14 @@ exec nsenter --target "$target" --mount --net -- "$@"
 BRIDGE_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 
 
+PROXY_USER = "system:kube-proxy"
+
+
+def node_user(name: str) -> str:
+    """A node's identity, as the Node authorizer and NodeRestriction know it."""
+    return f"system:node:{name}"
+
+
 def missing_tool() -> str | None:
     """One line naming the first missing program and its Debian package (or the
     kernel's missing ``br_netfilter``, which Service replies between pods on one bridge
@@ -233,7 +241,10 @@ class RealNode:
         self.children.append(child)
         return child
 
-    def start_kubelet(self, kubeconfig: Path, cluster_dns: str) -> None:
+    def start_kubelet(self, kubeconfig: Path, proxy_kubeconfig: Path,
+                      cluster_dns: str) -> None:
+        """The kubelet as ``system:node:NAME`` (``kubeconfig``), kube-proxy as
+        ``system:kube-proxy``."""
         resolv = self.directory / "resolv.conf"
         resolv.write_text(f"nameserver {cluster_dns}\n")
         config = kubelets.write(self.directory / "kubelet.yaml", kubelets.kubelet_config(
@@ -244,7 +255,7 @@ class RealNode:
             "--root-dir", str(self.directory / "kubelet"), "--hostname-override", self.name,
             "--node-ip", self.net.address, "--v", "1"])
         proxy = kubelets.write(self.directory / "kube-proxy.yaml",
-                               kubelets.kube_proxy_config(self.net, kubeconfig))
+                               kubelets.kube_proxy_config(self.net, proxy_kubeconfig))
         self._enter("kube-proxy", [str(self.binaries.kube_proxy), "--config", str(proxy),
                                    "--v", "1"])
 
@@ -292,6 +303,13 @@ class RealNodes:
         """Where the API server listens: the host's address on the nodes' bridge."""
         return netns.HOST_ADDRESS
 
+    @property
+    def identities(self) -> dict[str, str]:
+        """Who the nodes' programs are (the control plane gives each a token): every
+        kubelet its own node, kube-proxy the user Kubernetes' default RBAC binds to
+        ``system:node-proxier``."""
+        return {node_user(node.name): "system:nodes" for node in self.nodes} | {PROXY_USER: ""}
+
     def create_network(self) -> None:
         for cluster in stale_clusters():
             problems = clean(cluster)
@@ -309,6 +327,7 @@ class RealNodes:
         self.kubeconfig.write_text(access.kubeconfig())
         self.dns = clusterdns.start(self.binaries.coredns, netns.HOST_ADDRESS,
                                     self.kubeconfig, self.workdir)
+        clusterdns.publish(self.kubectl, self.kubeconfig, netns.HOST_ADDRESS)
         with futures.ThreadPoolExecutor(len(self.nodes)) as pool:
             list(pool.map(lambda node: node.start_namespaces(), self.nodes))
             began = time.monotonic()
@@ -316,8 +335,12 @@ class RealNodes:
                                      self.nodes[0].fill_seed(archives))
             loaded = time.monotonic() - began
             list(pool.map(lambda node: node.start_runtime(seed), self.nodes))
+        proxy = self.workdir / "kube-proxy.kubeconfig"
+        proxy.write_text(access.kubeconfig_of(PROXY_USER))
         for node in self.nodes:
-            node.start_kubelet(self.kubeconfig, netns.HOST_ADDRESS)
+            kubelet = node.directory / "kubelet.kubeconfig"
+            kubelet.write_text(access.kubeconfig_of(node_user(node.name)))
+            node.start_kubelet(kubelet, proxy, controlplane.DNS_SERVICE_IP)
         return loaded
 
     def ready(self) -> bool:

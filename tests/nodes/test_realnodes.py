@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asrpool.localcluster import netns, realnodes
+from asrpool.localcluster import controlplane, netns, realnodes
 from tests.nodes import clusters
 from tests.nodes.clusters import SERVE, NodeCluster
 
@@ -106,6 +107,39 @@ def test_a_service_address_and_its_dns_name_reach_a_pod(
     assert vip in looked_up.stdout, (looked_up.stdout, looked_up.stderr)
 
 
+def test_pods_ask_the_kube_dns_service_and_coredns_answers(
+        cluster: NodeCluster, namespace: str) -> None:
+    service = cluster.get("kube-system", "service", "kube-dns")
+    assert service["spec"]["clusterIP"] == controlplane.DNS_SERVICE_IP
+    cluster.apply(namespace, clusters.pod("asker", "exec sleep 3600", node="node-1"))
+    cluster.wait_ready(namespace, "pod/asker")
+    resolv = cluster.exec(namespace, "asker", "cat", "/etc/resolv.conf")
+    assert f"nameserver {controlplane.DNS_SERVICE_IP}" in resolv.splitlines(), resolv
+    looked_up = cluster.kubectl("exec", "--namespace", namespace, "asker", "--", "nslookup",
+                                "-type=a", "kubernetes.default.svc.cluster.local.", check=False)
+    # busybox names the server it asked, then the answer
+    assert controlplane.DNS_SERVICE_IP in looked_up.stdout, looked_up.stdout
+    assert controlplane.KUBERNETES_SERVICE_IP in looked_up.stdout, looked_up.stdout
+
+
+def test_a_kubelet_s_credentials_reach_only_its_own_node_and_its_pods(
+        cluster: NodeCluster, namespace: str) -> None:
+    """The Node authorizer and NodeRestriction, on each kubelet's own identity."""
+    as_node = dataclasses.replace(cluster, kubeconfig=cluster.state / "node-0" /
+                                  "kubelet.kubeconfig")
+    who = json.loads(as_node.kubectl("auth", "whoami", "-o", "json").stdout)["status"]
+    assert who["userInfo"]["username"] == realnodes.node_user("node-0")
+    assert "system:nodes" in who["userInfo"]["groups"]
+    assert as_node.kubectl("get", "node", "node-0", "-o", "name").stdout.strip() == "node/node-0"
+    cluster.kubectl("create", "secret", "generic", "unrelated", "--namespace", namespace,
+                    "--from-literal=key=value")
+    refused = as_node.kubectl("get", "secret", "unrelated", "--namespace", namespace,
+                              check=False)
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+    other = as_node.kubectl("label", "node", "node-1", "asrpool.test/by=node-0", check=False)
+    assert other.returncode != 0 and "forbidden" in other.stderr.lower(), other.stderr
+
+
 def _fetch(cluster: NodeCluster, namespace: str, pod: str, host: str) -> str:
     """``GET /`` on port 80 from ``pod``, retried for a few seconds: kube-proxy and the
     DNS learn a new Service's endpoints a moment after the pod is Ready."""
@@ -160,8 +194,15 @@ def test_a_crashing_container_shows_crash_loop_back_off_and_its_last_output(
     cluster.apply(namespace, clusters.pod("crasher", "echo boom-from-container; exit 3"))
     status = cluster.waiting_reason(namespace, "crasher", {"CrashLoopBackOff"})
     assert status["lastState"]["terminated"]["exitCode"] == 3
-    logs = cluster.kubectl("logs", "--namespace", namespace, "crasher", "--previous").stdout
-    assert "boom-from-container" in logs
+    # The kubelet may be restarting it meanwhile (a log then briefly "unable to
+    # retrieve"): ask again for a while.
+    deadline = time.monotonic() + 60
+    logs = ""
+    while "boom-from-container" not in logs and time.monotonic() < deadline:
+        logs = cluster.kubectl("logs", "--namespace", namespace, "crasher", "--previous",
+                               check=False).stdout
+        time.sleep(1)
+    assert "boom-from-container" in logs, logs
 
 
 def test_a_missing_tool_is_one_line_naming_its_debian_package(
