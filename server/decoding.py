@@ -5,10 +5,11 @@ event loop (its heartbeat with it) for as long as the file takes; and a few KB o
 compressed silence can decode to hours. So each upload is decoded by its own short-lived
 ``python -m asrpool.server.decoding``: the body on its standard input, raw float32
 samples (24 kHz mono) on its standard output. The child limits its own address space
-(``RLIMIT_AS``) before it reads anything, decodes no further than ``max_seconds``
-(:func:`asrpool.common.audio.decode_audio_bytes`), and is killed at the deadline. Its
-exit code says what went wrong; whatever happens to it is that request's answer
-(400, 413 or 500), never the pod's.
+(``RLIMIT_AS``) and makes itself the first process the kernel's OOM killer takes (so
+a pod's memory limit never costs it the server) before it reads anything, decodes no
+further than ``max_seconds`` (:func:`asrpool.common.audio.decode_audio_bytes`), and is
+killed at the deadline. Its exit code says what went wrong; whatever happens to it is
+that request's answer (400, 413 or 500), never the pod's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import os
 import resource
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -88,6 +90,7 @@ def _memory_reason(limits: Limits) -> str:
 def main(argv: list[str]) -> int:
     max_seconds, memory_bytes = float(argv[0]), int(argv[1])
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    _first_to_go()
     from asrpool.common import audio
 
     try:
@@ -105,6 +108,13 @@ def main(argv: list[str]) -> int:
         print(_memory_reason(limits), file=sys.stderr)
         return OUT_OF_MEMORY
     return 0
+
+
+def _first_to_go() -> None:
+    """If the pod's memory runs out (its container's limit, below this child's own), the
+    kernel kills this decoder, not the server (any process may raise its own score)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text("1000")
 
 
 if __name__ == "__main__":

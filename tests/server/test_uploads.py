@@ -235,3 +235,15 @@ def test_a_body_trickling_under_the_minimum_pace_is_408(
     answer = _slow_post(upload_server, [b"x" * 100] * 40, 0.25)
     assert answer.startswith("HTTP/1.1 408"), answer
     assert "under the minimum of 100000 (min_body_bytes_per_second)" in answer
+
+
+def test_the_decoding_child_is_the_first_the_oom_killer_takes() -> None:
+    """Under a pod's memory limit the kernel kills the decoder, never the server."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from asrpool.server import decoding; "
+                           "decoding._first_to_go(); "
+                           "print(open('/proc/self/oom_score_adj').read())"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "1000"
