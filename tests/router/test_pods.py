@@ -350,7 +350,10 @@ async def test_a_router_shutting_down_leaves_its_streams_resumable(
         wait_for_pods(first, 1)
         opened = await support.connect(first.ws_url)
         assert (await support.first_message(opened.ws))["type"] == "Ready"
-        assert first.terminate() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+        # In a thread: this loop must answer the router's close handshake meanwhile
+        # (blocked, it left the router waiting out its close timeout, killed once).
+        stopped = await asyncio.to_thread(first.terminate)
+        assert stopped in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
         await support.until_closed(opened.ws)
         assert opened.ws.close_code == 1012
         again = await support.connect(
