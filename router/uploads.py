@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Coroutine
-from typing import Any
 
 import aiohttp
 import redis
@@ -64,12 +62,18 @@ async def transcribe(
     pool = resolved
     token = tokens.mint(tokens.new_session_id())
     ask = admissions.Request(pool, key.id, key.max_streams or 0, token, uuid.uuid4().hex)
+    gone = asyncio.ensure_future(bodies.disconnected(request))
     try:
-        return await _unless_gone(request, _on_a_pod(ask, body, deps))
+        return await bodies.unless_gone(gone, _on_a_pod(ask, body, deps))
+    except bodies.ClientGone as exc:  # the post to the pod is cancelled: its slot frees
+        return _refused(499, str(exc))
     except redis.RedisError as exc:
         deps.meters.redis_errors.labels("admit").inc()
         log.warning("upload not admitted, Redis unreachable: %s", exc)
         return _refusal(refusals.unavailable(), deps)
+    finally:
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
 
 
 async def _on_a_pod(ask: admissions.Request, body: bytes, deps: wiring.Deps) -> responses.Response:
@@ -83,29 +87,6 @@ async def _on_a_pod(ask: admissions.Request, body: bytes, deps: wiring.Deps) -> 
             return answer
         tried.append(got.pod_id)
     return _refusal(refusals.busy(), deps)
-
-
-async def _unless_gone(
-    request: requests.Request, work: Coroutine[Any, Any, responses.Response]
-) -> responses.Response:
-    """``work``'s response, or 499 once the client has closed its connection (``work``
-    cancelled, its post to a pod aborted)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        task.cancel()  # nothing, if it is done
-        await asyncio.gather(task, gone, return_exceptions=True)
-    if task.cancelled():
-        return _refused(499, "the client went away")
-    return task.result()
-
-
-async def _disconnected(request: requests.Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _held(

@@ -15,8 +15,7 @@ that goes away frees its slot at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -30,8 +29,6 @@ _CHUNK = protocol.SAMPLE_RATE  # fed one second at a time, each when there is ro
 _SLOT_WAIT_SECONDS = 30.0
 _SLOT_POLL_SECONDS = 0.1
 _KEPT = {"Word", "EndWord", "Error"}
-_GONE = "the client went away"
-T = TypeVar("T")
 
 
 class Refused(Exception):
@@ -52,14 +49,15 @@ async def transcribe(pod: pods.Pod, request: requests.Request) -> list[dict[str,
         raise Refused(413, str(exc)) from exc
     except bodies.TooSlow as exc:
         raise Refused(408, str(exc)) from exc
-    gone = asyncio.create_task(_disconnected(request))
+    gone = asyncio.create_task(bodies.disconnected(request))
     try:
-        try:
-            pcm = await _unless(gone, decoding.decode(body, pod.settings.decode_limits))
-        except decoding.Refused as exc:
-            raise Refused(exc.status, exc.message) from exc
-        handle = await _unless(gone, _slot(pod))
+        pcm = await bodies.unless_gone(gone, decoding.decode(body, pod.settings.decode_limits))
+        handle = await bodies.unless_gone(gone, _slot(pod))
         return await _transcribed(handle, pcm, gone)
+    except decoding.Refused as exc:
+        raise Refused(exc.status, exc.message) from exc
+    except bodies.ClientGone as exc:
+        raise Refused(499, str(exc)) from exc
     finally:
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
@@ -73,7 +71,7 @@ async def _transcribed(handle: handles.Handle, pcm: np.ndarray,
     try:
         await asyncio.wait({collector, kick, gone}, return_when=asyncio.FIRST_COMPLETED)
         if gone.done():
-            raise Refused(499, _GONE)
+            raise bodies.ClientGone
         if not collector.done():
             raise Refused(500, f"the pod stopped transcribing: {_reason(kick.result())}")
         return collector.result()
@@ -83,25 +81,6 @@ async def _transcribed(handle: handles.Handle, pcm: np.ndarray,
             task.cancel()
         await asyncio.gather(feeder, collector, return_exceptions=True)
         handle.finish(outcomes.Closed())
-
-
-async def _unless(gone: asyncio.Task[None], work: Coroutine[Any, Any, T]) -> T:
-    """``work``'s result, or :class:`Refused` (499) once the client has gone (``work``
-    cancelled: a decode's child is killed, a wait for a slot given up)."""
-    task = asyncio.ensure_future(work)
-    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise Refused(499, _GONE)
-    return task.result()
-
-
-async def _disconnected(request: requests.Request) -> None:
-    """Returns once the client has closed its connection (the body is read by then, so
-    the next ASGI message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _reason(outcome: outcomes.Outcome) -> str:

@@ -5,20 +5,33 @@ A body is read chunk by chunk and given up as soon as it passes the limit, so th
 client cannot make a pod or router hold more than the limit in memory; and, as nginx's
 ``client_body_timeout``, a client that sends nothing for ``timeout_seconds``, or less
 than ``min_bytes_per_second`` on average once that long has passed, is refused (408),
-so that a slow body cannot hold memory and a connection for hours.
+so that a slow body cannot hold memory and a connection for hours. Once the body is
+read, :func:`disconnected` and :func:`unless_gone` end the work a request started as
+soon as its client closes the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from starlette import requests
+
+T = TypeVar("T")
 
 
 class TooLarge(Exception):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"body of {size}+ bytes exceeds the limit of {limit} bytes")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+    def __init__(self) -> None:
+        super().__init__("the client went away")
 
 
 class TooSlow(Exception):
@@ -58,3 +71,23 @@ def _check_rate(size: int, elapsed: float, pace: Pace) -> None:
     if elapsed > pace.timeout_seconds and size < pace.min_bytes_per_second * elapsed:
         raise TooSlow(f"the body came at {size / elapsed:.0f} bytes/s, under the minimum of "
                       f"{pace.min_bytes_per_second} (min_body_bytes_per_second)")
+
+
+async def disconnected(request: requests.Request) -> None:
+    """Returns once the client has closed its connection (call it once the body is read:
+    the next ASGI message is then the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(gone: asyncio.Future[None], work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`ClientGone` once ``gone`` (a task of
+    :func:`disconnected`) is done first; ``work`` is then cancelled."""
+    task = asyncio.ensure_future(work)
+    waiting: list[asyncio.Future[Any]] = [task, gone]
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone
+    return task.result()
