@@ -16,7 +16,7 @@ import numpy as np
 
 from asrpool.common import oggopus, protocol
 
-_PAGE_HEADER = 27  # "OggS", version, type, granule (8), serial (4), sequence (4), CRC (4), segments
+_PAGE_HEADER = oggopus.PAGE_HEADER
 _CRC_AT = 22
 _MAX_PAGE = _PAGE_HEADER + 255 + 255 * 255
 _CANDIDATES = 4
@@ -72,7 +72,7 @@ class OggPages:
         if len(buffer) >= 4 and buffer[:4] != b"OggS":
             raise _bad(f"OggOpus data after page {self.count} is not an Ogg page "
                        "(no 'OggS' capture pattern): a truncated page or not Ogg at all")
-        size = _page_size(buffer)
+        size = oggopus.page_size(buffer)
         if size is None or len(buffer) < size:
             if _valid_page_inside(buffer):  # the next page began before this one ended
                 raise _bad(f"Ogg page {self.count} is truncated (the next page starts "
@@ -87,14 +87,6 @@ class OggPages:
         return page
 
 
-def _page_size(buffer: bytes | bytearray) -> int | None:
-    """The size of the page at the start of ``buffer``, once its header is there."""
-    if len(buffer) < _PAGE_HEADER or len(buffer) < _PAGE_HEADER + buffer[26]:
-        return None
-    segments = buffer[26]
-    return _PAGE_HEADER + segments + sum(buffer[_PAGE_HEADER:_PAGE_HEADER + segments])
-
-
 def _crc_ok(page: bytes | bytearray) -> bool:
     return int.from_bytes(page[_CRC_AT:_CRC_AT + 4], "little") == ogg_crc(bytes(page))
 
@@ -106,7 +98,7 @@ def _valid_page_inside(buffer: bytearray) -> bool:
     for _ in range(_CANDIDATES):
         if at < 0:
             return False
-        size = _page_size(buffer[at:])
+        size = oggopus.page_size(buffer[at:])
         if size is not None and len(buffer) - at >= size and _crc_ok(buffer[at:at + size]):
             return True
         at = buffer.find(b"OggS", at + 4, _MAX_PAGE)

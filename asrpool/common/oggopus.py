@@ -14,7 +14,7 @@ import dataclasses
 
 RATE = 48_000  # Opus durations are counted at 48 kHz whatever the stream's rate
 MAX_PACKET = 5_760  # 120 ms: no packet decodes to more (RFC 6716, section 3.2.5)
-_PAGE_HEADER = 27
+PAGE_HEADER = 27  # "OggS", version, type, granule (8), serial (4), sequence (4), CRC (4), segments
 _HEADER_PACKETS = 2  # OpusHead and OpusTags carry no audio
 _SILK = (480, 960, 1920, 2880)  # configurations 0-11: 10, 20, 40, 60 ms
 _HYBRID = (480, 960)  # 12-15: 10, 20 ms
@@ -58,9 +58,9 @@ class Counter:
     def page(self, page: bytes | bytearray | memoryview) -> int:
         """Count one whole page; the samples it adds."""
         segments = page[26]
-        offset = _PAGE_HEADER + segments
+        offset = PAGE_HEADER + segments
         added = 0
-        for lacing in page[_PAGE_HEADER:_PAGE_HEADER + segments]:
+        for lacing in page[PAGE_HEADER:PAGE_HEADER + segments]:
             if not self._continuing:
                 if self.packets >= _HEADER_PACKETS:
                     added += packet_samples(bytes(page[offset:offset + min(lacing, 2)]))
@@ -71,16 +71,23 @@ class Counter:
         return added
 
 
+def page_size(buffer: bytes | bytearray | memoryview) -> int | None:
+    """The size of the Ogg page at the start of ``buffer``, once its header is there."""
+    if len(buffer) < PAGE_HEADER or len(buffer) < PAGE_HEADER + buffer[26]:
+        return None
+    segments = buffer[26]
+    return PAGE_HEADER + segments + sum(buffer[PAGE_HEADER:PAGE_HEADER + segments])
+
+
 def stream_samples(data: bytes) -> int:
     """Samples at 48 kHz in a whole Ogg Opus file's pages (up to the first byte that
     does not begin a whole page: the decoder reads no further either)."""
     counter = Counter()
     view = memoryview(data)
     at = 0
-    while at + _PAGE_HEADER <= len(data) and view[at:at + 4] == b"OggS":
-        segments = data[at + 26]
-        size = _PAGE_HEADER + segments + sum(view[at + _PAGE_HEADER:at + _PAGE_HEADER + segments])
-        if at + size > len(data):
+    while view[at:at + 4] == b"OggS":
+        size = page_size(view[at:])
+        if size is None or at + size > len(data):
             break
         counter.page(view[at:at + size])
         at += size
