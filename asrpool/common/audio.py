@@ -96,10 +96,8 @@ def _decode_first_channel(path: str) -> np.ndarray:
     try:
         data, _ = sphn.read(path, sample_rate=SAMPLE_RATE)
     except Exception as exc:  # sphn raises plain exceptions for unsupported formats
-        reason = str(exc).replace(f'"{path}": ', "")
-        raise AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}") from exc
-    pcm = np.asarray(data, dtype=np.float32)
-    return np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm)
+        raise _not_a_file(path, exc) from exc
+    return _first_channel(data)
 
 
 def _decode_first_channel_within(path: str, max_seconds: float) -> np.ndarray:
@@ -110,14 +108,23 @@ def _decode_first_channel_within(path: str, max_seconds: float) -> np.ndarray:
     try:
         rate, pcm = _decode_up_to(path, max_seconds)
     except Exception as exc:  # sphn raises plain exceptions for unsupported formats
-        reason = str(exc).replace(f'"{path}": ', "")
-        raise AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}") from exc
-    first = np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm, dtype=np.float32)
+        raise _not_a_file(path, exc) from exc
+    first = _first_channel(pcm)
     if first.size > max_seconds * rate:
         raise AudioTooLong(first.size / rate, max_seconds)
     if rate == SAMPLE_RATE:
         return first
     return np.ascontiguousarray(sphn.resample(first, rate, SAMPLE_RATE), dtype=np.float32)
+
+
+def _first_channel(data: np.ndarray) -> np.ndarray:
+    pcm = np.asarray(data, dtype=np.float32)
+    return np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm)
+
+
+def _not_a_file(path: str, exc: Exception) -> AudioFileError:
+    reason = str(exc).replace(f'"{path}": ', "")
+    return AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}")
 
 
 def _decode_up_to(path: str, max_seconds: float) -> tuple[int, np.ndarray]:
