@@ -9,8 +9,6 @@ import http.client
 import signal
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,15 +24,6 @@ def _long_wav(path: Path, seconds: float = 590.0) -> bytes:
     """Silence long enough that a pod holds its slot well past the test's checks."""
     sphn.write_wav(str(path), np.zeros((1, int(24_000 * seconds)), np.float32), 24_000)
     return path.read_bytes()
-
-
-def _post(url: str, body: bytes) -> tuple[int, str]:
-    request = urllib.request.Request(url + "/api/asr-streaming", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 @contextlib.contextmanager
@@ -70,7 +59,7 @@ async def test_a_pod_killed_during_an_upload_is_a_502_and_no_other_pod_gets_the_
         redis_server: RedisServer, tmp_path: Path) -> None:
     body = _long_wav(tmp_path / "long.wav")
     with _platform(redis_server.url, tmp_path) as (router, pods):
-        answer = asyncio.create_task(asyncio.to_thread(_post, router.url, body))
+        answer = asyncio.create_task(asyncio.to_thread(servers.post_file, router.url, body))
         taken = await asyncio.to_thread(_busy, pods)
         (other,) = [pod for pod in pods if pod is not taken]
         taken.signal(signal.SIGKILL)

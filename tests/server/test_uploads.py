@@ -13,8 +13,6 @@ import http.client
 import io
 import socket
 import time
-import urllib.error
-import urllib.request
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,16 +39,6 @@ def upload_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.
             "--min-body-bytes-per-second", "100000"]) as server:
         server.wait_ready()
         yield server
-
-
-def _post(server: servers.ServerProcess, body: bytes) -> tuple[int, str]:
-    request = urllib.request.Request(server.http_url + "/api/asr-streaming", data=body,
-                                     method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _wav(pcm: np.ndarray, rate: int, path: Path) -> bytes:
@@ -148,7 +136,8 @@ def test_a_pod_refuses_an_opus_bomb_with_413_and_its_stream_goes_on(
     pcm = streams.random_speechlike(4.0, seed=9)
 
     async def attack() -> list[tuple[int, str]]:
-        return await asyncio.gather(*(asyncio.to_thread(_post, upload_server, bomb)
+        url = upload_server.http_url
+        return await asyncio.gather(*(asyncio.to_thread(servers.post_file, url, bomb)
                                       for _ in range(4)))
 
     async def both() -> tuple[list[tuple[int, str]], list[dict[str, object]]]:
@@ -169,7 +158,7 @@ def test_a_pod_refuses_a_wav_over_the_limit_with_413(
         upload_server: servers.ServerProcess, tmp_path: Path) -> None:
     body = _wav(np.zeros((1, int(8_000 * (MAX_SECONDS + 2))), np.float32), 8_000,
                 tmp_path / "long.wav")
-    status, text = _post(upload_server, body)
+    status, text = servers.post_file(upload_server.http_url, body)
     assert status == 413 and "over the limit of 600 s (max_upload_seconds)" in text, text
     assert upload_server.modules_info()["used_slots"] == 0
 
@@ -191,7 +180,8 @@ def test_a_post_whose_client_goes_away_frees_its_slot(
     connection.close()
     upload_server.wait_idle(timeout=5)
     clip = _wav(streams.random_speechlike(3.0, seed=1)[None], 24_000, tmp_path / "clip.wav")
-    status, text = _post(upload_server, clip)  # the pod serves the next one whole
+    # the pod serves the next one whole
+    status, text = servers.post_file(upload_server.http_url, clip)
     assert status == 200 and '"Word"' in text, text
 
 

@@ -157,3 +157,14 @@ class ServerProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def post_file(url: str, body: bytes, timeout: float = 300.0) -> tuple[int, str]:
+    """``POST url/api/asr-streaming`` with ``body``: the status and the answer's text
+    (an error status too)."""
+    request = urllib.request.Request(url + "/api/asr-streaming", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
