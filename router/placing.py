@@ -110,9 +110,24 @@ async def attach(session: admissions.Session, opened: pods.Opened, deps: wiring.
         log.warning("session %s open but not recorded yet: %s", session.session_id, exc)
 
 
+async def _claim(
+    request: admissions.Request, held: admissions.Admissions, config: settings.RouterSettings
+) -> admissions.Session | admissions.Refused:
+    """Claim the session for this connection. A pod whose heartbeat is missing may be
+    alive and about to beat into a Redis that restarted empty: the claim is tried again
+    for as long as the pod's live sessions would last (``pod_gone_after_ms``)."""
+    deadline = time.monotonic() + config.pod_gone_after_ms / 1000
+    while True:
+        got = await held.resume(request)
+        pod_missing = isinstance(got, admissions.Refused) and got.reason == "pod_gone"
+        if not pod_missing or time.monotonic() >= deadline:
+            return got
+        await asyncio.sleep(config.queue_poll_seconds)
+
+
 async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | refusals.Refusal:
     """Reattach to the pod that holds the session. Raises :class:`redis.RedisError`."""
-    got = await deps.admissions.resume(request)
+    got = await _claim(request, deps.admissions, deps.config)
     if isinstance(got, admissions.Refused):
         return refusal_for(got, request, deps.config)
     outcome = await pods.open_stream(got.address, deps.config, got.pod_resume_token)

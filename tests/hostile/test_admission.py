@@ -254,6 +254,20 @@ async def test_a_detached_stream_is_resumable_after_a_redis_restart(
     await _resume_and_close(router, opened)
 
 
+async def test_a_resume_waits_for_its_pods_heartbeat_to_come_back(
+        router: support.RouterProcess, module_redis: RedisServer) -> None:
+    """The pod's heartbeat is missing (as in the moment after Redis restarts empty, before
+    the pod's next beat): a resume waits for it rather than telling the client that its
+    pod is gone. (It said pod_lost, once on a loaded CI machine in the test above.)"""
+    opened = await _dropped_resumable_stream(router, module_redis)
+    redis = aioredis.Redis.from_url(module_redis.url)
+    try:
+        await redis.delete("asrpool:pod:gated")
+    finally:
+        await redis.aclose()
+    await _resume_and_close(router, opened)
+
+
 async def test_a_client_that_leaves_during_its_resume_can_resume_again(
         router: support.RouterProcess, module_redis: RedisServer, proxy: GatedProxy) -> None:
     """A resuming client that drops before its 101 still holds its token: the stream
