@@ -42,7 +42,8 @@ def with_default_pod_token(pool: pools.Pool, config: settings.OperatorSettings) 
 
 
 def build_config_map(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
-    """The server's settings as ``ASRPOOL_*`` variables (read through ``envFrom``)."""
+    """The server's settings as ``ASRPOOL_*`` variables (each read by its own ``env``
+    entry, :func:`_config_map_environment`)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -172,8 +173,7 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         "image": pool.image or config.default_image,
         "imagePullPolicy": pool.image_pull_policy,
         "command": ["asrpool", "serve"],
-        "envFrom": [{"configMapRef": {"name": naming.config_map(pool.name)}}],
-        "env": _pod_environment(pool, config),
+        "env": [*_config_map_environment(pool, config), *_pod_environment(pool, config)],
         "ports": [{"name": "http", "containerPort": settings.SERVER_PORT, "protocol": "TCP"}],
         # 200 once the model is loaded and warmed, within spec.model.loadTimeoutSeconds.
         "startupProbe": _probe("/startupz", period=sources.STARTUP_PROBE_PERIOD,
@@ -192,6 +192,17 @@ def build_container(pool: pools.Pool, config: settings.OperatorSettings) -> Chil
         mounts.append({"name": pools.KEYS_VOLUME, "mountPath": KEYS_DIR, "readOnly": True})
     container["volumeMounts"] = [*mounts, *sources.server_mounts(pool.source)]
     return templates.add_to_container(container, pool.template)
+
+
+def _config_map_environment(pool: pools.Pool,
+                            config: settings.OperatorSettings) -> list[Child]:
+    """The ConfigMap's variables one by one in ``env``, which wins over any ``envFrom``:
+    a pool's own ``spec.envFrom`` (listed after the operator's, as the Kubernetes API
+    takes the last) used to replace them, ``ASRPOOL_POOL`` and ``ASRPOOL_REDIS_URL``
+    included."""
+    name = naming.config_map(pool.name)
+    return [{"name": key, "valueFrom": {"configMapKeyRef": {"name": name, "key": key}}}
+            for key in server_environment(pool, config)]
 
 
 def _pod_environment(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:

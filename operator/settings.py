@@ -25,8 +25,6 @@ DEFAULT_ROUTER_PEER: dict[str, Any] = {
 
 
 class OperatorSettings(redis_clients.RedisCredentials):
-    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
-
     # Where the operator watches: the listed namespaces, or every namespace (both are
     # the command's own flags: -n/--namespace, repeatable, and -A/--all-namespaces).
     namespaces: Annotated[list[str], pydantic_settings.NoDecode] = pydantic.Field(

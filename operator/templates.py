@@ -15,6 +15,7 @@ field's name: the Kubernetes API would silently take the last one.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -60,13 +61,32 @@ def check_reserved(template: PodTemplate, env_names: Iterable[str],
     """Refuse entries that would replace the operator's own."""
     _refuse("spec.env", "environment variable", [e["name"] for e in template.env], env_names)
     _refuse("spec.volumes", "volume", [v["name"] for v in template.volumes], volume_names)
-    paths = [str(m.get("mountPath", "")).rstrip("/") for m in template.volume_mounts]
-    _refuse("spec.volumeMounts", "mount path", paths, [p.rstrip("/") for p in mount_paths])
+    _refuse_mounts([str(m.get("mountPath", "")) for m in template.volume_mounts], mount_paths)
     known = {v["name"] for v in template.volumes} | set(volume_names)
     unknown = [m["name"] for m in template.volume_mounts if m["name"] not in known]
     if unknown:
         raise InvalidTemplate(f"spec.volumeMounts names volume {unknown[0]!r}, which is not in"
                               " spec.volumes")
+
+
+def _refuse_mounts(given: list[str], reserved: Iterable[str]) -> None:
+    """A mount at, under or spelled as another name of a reserved path (``//models``,
+    ``/tmp/../models``, ``/models/x``) would replace or shadow what the operator put there."""
+    own = [normal_path(path) for path in reserved]
+    for path in given:
+        if not path.startswith("/"):
+            raise InvalidTemplate(f"spec.volumeMounts: mount path {path!r} must be absolute")
+        normal = normal_path(path)
+        taken = [p for p in own if normal == p or normal.startswith(p + "/")]
+        if taken:
+            raise InvalidTemplate(
+                f"spec.volumeMounts: mount path {path!r} is {normal!r}, at or under {taken[0]!r}"
+                " which the operator mounts; use another path")
+
+
+def normal_path(path: str) -> str:
+    """The path a container runtime mounts at: ``.``, ``..`` and repeated slashes resolved."""
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
 def _refuse(field: str, what: str, given: list[str], reserved: Iterable[str]) -> None:

@@ -10,7 +10,6 @@ import socket
 from pathlib import Path
 
 import pydantic
-import pydantic_settings
 
 from asrpool.common import limits, redis_clients, registry
 from asrpool.router import forwarding, policies
@@ -26,8 +25,6 @@ def _cpus() -> int:
 
 class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
                      limits.StreamSettings):
-    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
-
     redis_url: str = pydantic.Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis of the slot registry (redis://host:port/db, no password in it)")

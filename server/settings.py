@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Literal
 
 import pydantic
-import pydantic_settings
 
 from asrpool.common import limits, protocol, redis_clients, registry
 from asrpool.server import decoding
@@ -21,8 +20,6 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
                      limits.StreamSettings):
-    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
-
     # The model and its engine.
     model: str = pydantic.Field(
         default="tiny", description="tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>")

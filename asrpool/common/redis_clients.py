@@ -15,20 +15,19 @@ import urllib.parse
 from pathlib import Path
 
 import pydantic
-import pydantic_settings
 import redis
 import redis.asyncio as aioredis
 from redis import backoff, driver_info, retry
+
+from asrpool.common import environment
 
 
 class RedisPasswordError(ValueError):
     """The password cannot be read, or sits where it would leak; the message says which."""
 
 
-class RedisCredentials(pydantic_settings.BaseSettings):
+class RedisCredentials(environment.Settings):
     """The settings fields every part shares for its Redis password."""
-
-    model_config = pydantic_settings.SettingsConfigDict(env_prefix="ASRPOOL_", extra="ignore")
 
     # A secret, so never a flag (asrpool.common.settings_cli): the variable only.
     redis_password: pydantic.SecretStr | None = pydantic.Field(

@@ -85,8 +85,13 @@ def test_the_container_runs_asrpool_serve_with_its_identity_from_the_downward_ap
     built = container()
     assert built["command"] == ["asrpool", "serve"]
     assert built["image"] == settings.DEFAULT_IMAGE
-    assert built["envFrom"] == [{"configMapRef": {"name": "stt-config"}}]
-    assert built["env"] == [
+    assert "envFrom" not in built
+    from_config_map = [e for e in built["env"] if "configMapKeyRef" in e.get("valueFrom", {})]
+    assert from_config_map[0] == {"name": "ASRPOOL_MODEL", "valueFrom": {
+        "configMapKeyRef": {"name": "stt-config", "key": "ASRPOOL_MODEL"}}}
+    assert [e["name"] for e in from_config_map] == list(
+        children.build_config_map(pool(), CONFIG)["data"])
+    assert built["env"][len(from_config_map):] == [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "ASRPOOL_POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ASRPOOL_ADVERTISE_ADDRESS", "value": "$(POD_IP):8080"}]

@@ -4,13 +4,16 @@ pass-through: plain dict asserts on the pure builders, and every built object pa
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from asrpool.common import weights
+from asrpool.localcluster import podspecs
 from asrpool.operator import children, naming, pools, settings, sources
+from asrpool.server import settings as server_settings
 
 CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0",
                                    redis_password_secret="redis")
@@ -208,7 +211,29 @@ def test_the_pod_template_pass_through_reaches_the_pods() -> None:
         assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
         assert container["envFrom"][-1] == {"secretRef": {"name": "mirror"}}
         assert container["volumeMounts"][-1]["mountPath"] == "/etc/ssl/extra"
-    assert server(template)["envFrom"][0] == {"configMapRef": {"name": "stt-config"}}
+    assert server(template)["envFrom"] == [{"secretRef": {"name": "mirror"}}]
+
+
+def test_a_pools_env_from_cannot_replace_the_operators_variables() -> None:
+    """A ConfigMap of the pool's own, listed in spec.envFrom, names the operator's
+    variables (and lower-case twins): the server's environment keeps the operator's
+    values, resolved as a kubelet does (envFrom, then env)."""
+    template = pod_spec({"name": "tiny"}, envFrom=[{"configMapRef": {"name": "mine"}}])
+    mine = {"ASRPOOL_POOL": "other/pool", "ASRPOOL_REDIS_URL": "redis://evil:6379/0",
+            "asrpool_pool": "other/pool", "ASRPOOL_LOG_LEVEL": "debug"}
+    operators = children.build_config_map(pool({"name": "tiny"}), CONFIG)["data"]
+    found = {"mine": mine, "stt-config": operators, "redis": {"password": "secret"}}
+    env = podspecs.environment(server(template), lambda kind, name: found.get(name),
+                               {"status.podIP": "198.18.16.5", "metadata.name": "stt-0"})
+    assert env["ASRPOOL_POOL"] == "speech/stt"
+    assert env["ASRPOOL_REDIS_URL"] == CONFIG.server_redis_url
+    assert env["ASRPOOL_LOG_LEVEL"] == "debug"  # what the operator leaves alone stays the pool's
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.upper().startswith("ASRPOOL_")]:
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        assert server_settings.ServerSettings().pool == "speech/stt"  # the twin is not read
 
 
 def test_the_operators_labels_and_annotations_win() -> None:
@@ -231,6 +256,14 @@ def test_server_pods_mount_no_service_account_token_unless_asked() -> None:
     ({"volumes": [{"name": "model-cache", "emptyDir": {}}]}, "volume 'model-cache' is set"),
     ({"volumes": [{"name": "x", "emptyDir": {}}],
       "volumeMounts": [{"name": "x", "mountPath": "/var/cache/asrpool/"}]}, "mount path"),
+    ({"volumes": [{"name": "x", "emptyDir": {}}],
+      "volumeMounts": [{"name": "x", "mountPath": "//models"}]}, "'//models' is '/models'"),
+    ({"volumes": [{"name": "x", "emptyDir": {}}],
+      "volumeMounts": [{"name": "x", "mountPath": "/tmp/../models"}]}, "is '/models', at or"),
+    ({"volumes": [{"name": "x", "emptyDir": {}}],
+      "volumeMounts": [{"name": "x", "mountPath": "/etc/asrpool/keys/./k"}]}, "under '/etc/asr"),
+    ({"volumes": [{"name": "x", "emptyDir": {}}],
+      "volumeMounts": [{"name": "x", "mountPath": "models"}]}, "must be absolute"),
     ({"volumeMounts": [{"name": "nowhere", "mountPath": "/x"}]}, "not in spec.volumes"),
     ({"volumes": [{"name": "x", "emptyDir": {}}, {"name": "x", "emptyDir": {}}]}, "twice"),
     ({"podMetadata": {"labels": {"a": 1}}}, "spec.podMetadata.labels"),
