@@ -33,8 +33,8 @@ STARTUP_S = 5.0
 def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # Until a stream is admitted the sans-I/O websockets protocol applies moshi-server's
     # frame limit and liveness (framing.WebSocketProtocol); then the raw connection is
-    # handed over to the relay (router/relaying.py). No permessage-deflate on either leg,
-    # so frames pass through unchanged. uvloop runs the relay's protocols.
+    # handed over to the relay (router/relaying.py). No permessage-deflate on either leg
+    # (limits.uvicorn_options), so frames pass through unchanged. uvloop runs the relay's protocols.
     # Dependencies are built here, not in the lifespan, so that a bad key file fails the
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
     # Before authentication, limits.uvicorn_options bounds what a connection may cost,
@@ -47,7 +47,6 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
         loop="uvloop",
         **limits.uvicorn_options(config.connection_limits, deps.new_streams),
         ws_max_size=config.max_message_bytes,
-        ws_per_message_deflate=False,
         # A client that answers no ping within the timeout and sent nothing else
         # meanwhile is gone; one held back by its pod (not read meanwhile) is not.
         ws_ping_interval=config.ping_interval_seconds,

@@ -144,6 +144,9 @@ def uvicorn_options(limits: Limits, gate: StreamGate | None = None) -> dict[str,
         "ws": _configured(framing.WebSocketProtocol,
                           send_timeout_seconds=limits.send_timeout_seconds),
         "h11_max_incomplete_event_size": limits.max_head_bytes,
+        # No permessage-deflate, on pods as on routers: a 16 KiB compressed frame could
+        # inflate to the whole frame limit of audio work, and relayed frames pass unchanged.
+        "ws_per_message_deflate": False,
     }
 
 

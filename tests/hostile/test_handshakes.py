@@ -131,3 +131,21 @@ def test_a_client_sending_frames_before_the_101_is_refused_and_leaks_nothing(
     assert attacks.status_of(answer) == 101
     platform.wait_settled(10)
     assert platform.key_streams() == 0
+
+
+def test_no_compression_is_negotiated(platform: conftest.Platform, endpoint: str) -> None:
+    """permessage-deflate offered (as browsers and the websockets library do) is declined
+    by pod and router alike: a 16 KiB compressed frame could inflate to the 16 MiB frame
+    limit of audio work. (The pod negotiated it.)"""
+    offer = {**platform.headers(endpoint),
+             "Sec-WebSocket-Extensions": "permessage-deflate; client_max_window_bits"}
+    sock = attacks.connect(platform.address(endpoint))
+    try:
+        sock.sendall(attacks.upgrade_request(headers=offer))
+        sock.settimeout(ANSWER_S)
+        head = attacks.read_head(sock)
+    finally:
+        sock.close()
+    assert attacks.status_of(head) == 101
+    assert b"sec-websocket-extensions" not in head.lower()
+    platform.wait_settled(10)
