@@ -96,7 +96,11 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
         return responses.Response(d.meters.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/api/pools")
-    async def pools(d: wiring.Deps = Deps) -> responses.Response:
+    async def pools(request: requests.Request, d: wiring.Deps = Deps) -> responses.Response:
+        # Pod addresses and every pool's load: for key holders when keys are on.
+        if streaming.authenticate(request, d.keyring) is None:
+            d.meters.rejections.labels("unauthorized").inc()
+            return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
         return await _redis_view(d, lambda got: got)
 
     @app.get("/", include_in_schema=False)

@@ -82,7 +82,9 @@ function stop() {
 
 async function refreshPools() {
   try {
-    const response = await fetch("api/pools");
+    const key = $("key").value.trim();  // with API keys on, the view needs one too
+    const response = await fetch("api/pools", key ? { headers: { "kyutai-api-key": key } } : {});
+    if (response.status === 401) { setStatus("enter an API key to see the pools"); return; }
     const { pools } = await response.json();
     const body = document.querySelector("#pools tbody");
     body.replaceChildren(...Object.entries(pools).map(([name, pool]) => {

@@ -5,6 +5,7 @@ token instead, and refuses a client that comes to it directly."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +81,19 @@ async def test_a_client_that_bypasses_the_router_is_refused_by_the_pod(
     _, pod = keyed
     assert (await _refused_status(pod.ws_url, headers))[0] == 401
     assert pod.modules_info()["used_slots"] == 0
+
+
+def test_the_pools_view_needs_a_key_when_keys_are_on(
+        keyed: tuple[support.RouterProcess, servers.ServerProcess]) -> None:
+    """/api/pools shows every pool's load: with keys on it is for key holders (it
+    answered anyone). moshi-server's /api/modules_info stays open, as there."""
+    router, _ = keyed
+    assert support.http_get(router.url + "/api/pools") == (401, protocol.UNAUTHORIZED.encode())
+    assert support.http_get(router.url + "/api/pools?auth_id=not-a-key")[0] == 401
+    status, body = support.http_get(router.url + f"/api/pools?auth_id={KEY}")
+    assert status == 200 and "default" in json.loads(body)["pools"]
+    request = urllib.request.Request(router.url + "/api/pools",
+                                     headers={protocol.API_KEY_HEADER: KEY})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status == 200
+    assert support.http_get(router.url + "/api/modules_info")[0] == 200
