@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
 
-from asrpool.common import auth, heap, protocol, rates, registry
+from asrpool.common import auth, heap, limits, protocol, rates, registry
 from asrpool.server import (
     engine_loop,
     handles,
@@ -150,9 +150,12 @@ class Pod:
         ``limits.uvicorn_options``): over the process's new streams per second, whoever
         asks (a pod's clients are its routers). A router's link (it carries the pod
         token) hears it at once, not after the hold: it retries nothing, and its client
-        waits on it."""
+        waits on it. A router's resumes are not counted: when a router dies, all its
+        clients come back at once through the others, and each must find its stream."""
         bucket = self._new_streams
-        if bucket is None or bucket.take():
+        if bucket is None or (limits.resuming(headers) and self._from_a_router(headers)):
+            return None
+        if bucket.take():
             return None
         self.count_error(rates.TOO_MANY_STREAMS)
         throttled = rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())

@@ -15,9 +15,10 @@ Pods and routers alike (both build their ``uvicorn.Config`` with
   header lines, or one longer than websockets' handshake parser takes (8 KiB), HTTP
   431: checked on h11's request event, before the websocket handshake or the app
   (and its query parsing) sees the request.
-- A new stream (a websocket upgrade that is not a resume) is let through only if the
+- A new stream (any websocket upgrade, a resume too) is let through only if the
   process's :class:`StreamGate` admits it (new streams per second: one bucket for a
-  pod process, one per client address on a router); else HTTP 429 with
+  pod process, one per client address on a router; a pod lets its routers' resumes
+  pass, so that the clients of a router that died all come back); else HTTP 429 with
   ``Retry-After``, answered from the request head: no websocket handshake, no
   application, no slot, no log line. The answer is held back ``THROTTLED_HOLD_S``
   (the connection is not read meanwhile): a client that retries at once makes one
@@ -190,15 +191,20 @@ class Connection(h11.Connection):
         return event
 
     def _gated(self, request: h11.Request) -> rates.Throttled | None:
-        if self.gate is None or not new_stream(request):
+        if self.gate is None or not websocket_upgrade(request):
             return None
         return self.gate.new_stream(self.client, request.headers)
 
 
-def new_stream(request: h11.Request) -> bool:
-    """A websocket upgrade that is not a resume."""
-    names = {name for name, _ in request.headers}
-    return b"upgrade" in names and _RESUME_HEADER not in names
+def websocket_upgrade(request: h11.Request) -> bool:
+    """A request for a stream: new, or a resume (a resume costs a lookup too, and a
+    forged token is as cheap to send as a new stream)."""
+    return any(name == b"upgrade" for name, _ in request.headers)
+
+
+def resuming(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether an upgrade's headers (as h11 gives them, lower-case) ask for a resume."""
+    return any(name == _RESUME_HEADER for name, _ in headers)
 
 
 def request_problem(request: h11.Request, limits: Limits) -> Problem | None:

@@ -89,7 +89,7 @@ def running(workdir: Path, pod_flags: tuple[str, ...] = (),
         pod.start()
         pod.wait_ready()
         router.start()
-        support.wait_until(lambda: support.pods_in_view(router) == 1, 20,
+        support.wait_until(lambda: support.pods_in_view(router, key=API_KEY) == 1, 20,
                            "the pod in the router's view")
         yield Platform(redis, pod, router)
     finally:

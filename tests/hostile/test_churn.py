@@ -145,6 +145,16 @@ async def test_a_resume_is_no_new_stream(churned: conftest.Platform) -> None:
     assert (await _churn_once(url, resuming))[0] == "bad_resume_token"
 
 
+async def test_forged_resumes_are_held_to_the_routers_rate(churned: conftest.Platform) -> None:
+    """Over the rate, a resume with a made-up token is 429 at the router as a new
+    stream is: it cost a Redis lookup each and passed the limit (before)."""
+    url = churned.ws_url("router")
+    resuming = {**churned.headers("router"), protocol.RESUME_TOKEN_HEADER: "a.b"}
+    outcome, response = await _until_refused(url, resuming)
+    assert outcome == "http_429"
+    assert response.body.decode().startswith("too_many_streams: over")
+
+
 def test_pod_and_router_count_their_refusals(churned: conftest.Platform) -> None:
     count = churned.pod.metric('asr_errors_total{code="too_many_streams"}')
     assert count is not None and count > 0

@@ -192,9 +192,11 @@ def pod(
     )
 
 
-def pods_in_view(router: RouterProcess, pool: str = "default") -> int:
-    """How many of the pool's pods the router's /api/pools shows (0 if it cannot answer)."""
-    status, body = http_get(router.url + "/api/pools")
+def pods_in_view(router: RouterProcess, pool: str = "default", key: str = "") -> int:
+    """How many of the pool's pods the router's /api/pools shows (0 if it cannot answer);
+    ``key``: a router with API keys shows it to a key holder only."""
+    query = f"?{protocol.API_KEY_QUERY}={key}" if key else ""
+    status, body = http_get(router.url + "/api/pools" + query)
     pools = json.loads(body)["pools"] if status == 200 else {}
     return len(pools.get(pool, {}).get("pods", []))
 

@@ -56,6 +56,18 @@ async def test_two_token_headers_are_no_router() -> None:
     assert refused is not None and refused.held
 
 
+@pytest.mark.parametrize(("sent", "counted"), [
+    (TOKEN, False),  # a router's resume: its clients come back after a router died
+    ("not-the-token", True),  # a forged resume is as cheap as a new stream
+    (None, True),
+])
+async def test_only_a_routers_resumes_pass_the_rate(sent: str | None, counted: bool) -> None:
+    pod = _pod(TOKEN)
+    resume = [*_head(sent), (protocol.RESUME_TOKEN_HEADER.encode(), b"sid.token")]
+    assert pod.new_stream("10.0.0.9", resume) is None  # the burst, or not counted
+    assert (pod.new_stream("10.0.0.9", resume) is not None) is counted
+
+
 class _Gate:
     def __init__(self, answer: Callable[[], rates.Throttled | None]) -> None:
         self.answer = answer
