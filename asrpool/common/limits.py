@@ -44,7 +44,7 @@ import pydantic
 from uvicorn.protocols.http import h11_impl
 from websockets import http11
 
-from asrpool.common import bodies, framing, protocol, rates
+from asrpool.common import bodies, browsers, framing, protocol, rates
 
 DEFAULT_MAX_HEAD_BYTES = 32 << 10
 DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)
@@ -63,6 +63,8 @@ class Limits:
     handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     max_connections: int = 2048
     send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT_S
+    allowed_origins: tuple[str, ...] = ()  # browsers.origin_problem
+    upload_content_types: tuple[str, ...] = browsers.entries(browsers.DEFAULT_UPLOAD_TYPES)
 
 
 MaxConnections = Annotated[int, pydantic.Field(
@@ -93,10 +95,20 @@ class LimitSettings(pydantic.BaseModel):
         description="a websocket client whose unsent data stay over the write buffer's"
         " high-water mark this long is dropped")
 
+    allowed_origins: str = pydantic.Field(
+        default="", description="web origins (comma-separated, * any) whose pages may stream"
+        " or POST here; none but the server's own by default (else HTTP 403)")
+    upload_content_types: str = pydantic.Field(
+        default=browsers.DEFAULT_UPLOAD_TYPES, description="content types a POST may have"
+        " (comma-separated, type/* a family; else HTTP 415)")
+
     @property
     def connection_limits(self) -> Limits:
-        return Limits(**{field.name: getattr(self, field.name)
-                         for field in dataclasses.fields(Limits)})
+        listed = {"allowed_origins", "upload_content_types"}
+        given: dict[str, Any] = {field.name: getattr(self, field.name)
+                                 for field in dataclasses.fields(Limits)}
+        given.update({name: browsers.entries(given[name]) for name in listed})
+        return Limits(**given)
 
 
 class StreamSettings(pydantic.BaseModel):
@@ -218,7 +230,20 @@ def request_problem(request: h11.Request, limits: Limits) -> Problem | None:
     if longest > MAX_LINE_BYTES:
         return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, (
             f"a header line of {longest} bytes is over the limit of {MAX_LINE_BYTES}"), ()
-    return None
+    return _browser_problem(request, limits)
+
+
+def _browser_problem(request: h11.Request, limits: Limits) -> Problem | None:
+    """What a page elsewhere may not have its visitors' browsers send (browsers)."""
+    posted = request.method == b"POST"
+    if not (posted or websocket_upgrade(request)):
+        return None
+    problem = browsers.origin_problem(request.headers, limits.allowed_origins)
+    if problem is not None:
+        return HTTPStatus.FORBIDDEN, problem, ()
+    problem = browsers.content_type_problem(request.headers, limits.upload_content_types) \
+        if posted else None
+    return (HTTPStatus.UNSUPPORTED_MEDIA_TYPE, problem, ()) if problem is not None else None
 
 
 class H11Protocol(h11_impl.H11Protocol):

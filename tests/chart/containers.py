@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pydantic_settings
@@ -14,14 +14,19 @@ PREFIX = "ASRPOOL_"
 Environ = Callable[[dict[str, str]], None]
 
 
-def resolve_env(container: dict[str, Any]) -> dict[str, str]:
+def resolve_env(container: dict[str, Any],
+                config_maps: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
     """The container's environment as the kubelet sets it: references to Secrets and pod
-    fields become placeholders, and ``$(NAME)`` expands to earlier variables."""
+    fields become placeholders, those to ``config_maps`` their values, and ``$(NAME)``
+    expands to earlier variables."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
         source = item.get("valueFrom")
         if source is None:
             value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), item["value"])
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            value = (config_maps or {})[ref["name"]][ref["key"]]
         elif "secretKeyRef" in source:
             value = f"secret-{source['secretKeyRef']['name']}-{source['secretKeyRef']['key']}"
         else:

@@ -55,6 +55,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "replicas": 3, "policy": "spread", "queueTimeoutSeconds": 2.5, "queueMax": 50,
             "queueMaxPerKey": 5, "newStreamsPerSecond": 20, "newStreamsBurst": 40,
             "forwardedAllowIps": "10.0.0.0/8",
+            "allowedOrigins": "https://app.example.com,https://ops.example.com",
             "defaultPool": "stt-en", "resumeGraceSeconds": 60, "sessionLeaseMs": 6000,
             "logLevel": "warning", "preStopSleepSeconds": 10, "workers": 2,
             "terminationGracePeriodSeconds": 20, "gpuHourPrice": 2.5, "gpusPerPod": 2,

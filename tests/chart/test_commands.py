@@ -80,6 +80,8 @@ def test_the_router_reads_its_rendered_command_and_environment(
     assert (config.new_streams_per_second, config.new_streams_burst,
             config.forwarded_allow_ips) == (
         values["newStreamsPerSecond"], values["newStreamsBurst"], values["forwardedAllowIps"])
+    assert config.connection_limits.allowed_origins == tuple(
+        origin.strip() for origin in values["allowedOrigins"].split(",") if origin.strip())
     assert config.gpu_hour_price == values.get("gpuHourPrice")  # null drops the key
     assert config.gpus_per_pod == values["gpusPerPod"]
     assert config.workers == values["workers"]
@@ -163,7 +165,8 @@ def test_the_server_pods_the_operator_builds_read_their_command_and_environment(
     server = rendering.container(next(c for c in built if c["kind"] == "Deployment"))
     args = parse(server)
     assert args.command == "serve"
-    env = {**config_map["data"], **resolve_env(server)}
+    assert "envFrom" not in server  # each variable its own env entry: none can be replaced
+    env = resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]})
     check_fields(env, server_settings.ServerSettings)
     environ(env)
     loaded = server_settings.ServerSettings()

@@ -201,7 +201,9 @@ async def test_a_server_pod_drains_and_stops_within_the_grace_the_operator_gives
     template = built["Deployment"]["spec"]["template"]
     server = template["spec"]["containers"][0]
     port = free_port()
-    env = {**built["ConfigMap"]["data"], **resolve_env(server), "ASRPOOL_HOST": "127.0.0.1",
+    config_map = built["ConfigMap"]
+    env = {**resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]}),
+           "ASRPOOL_HOST": "127.0.0.1",
            "ASRPOOL_PORT": str(port), "ASRPOOL_ADVERTISE_ADDRESS": f"127.0.0.1:{port}"}
     process = Process(server, env, tmp_path / "server.log")
     processes.append(process)

@@ -21,7 +21,8 @@ from tests.support import kyutai_client, streams
 
 def _post(endpoint: conftest.Endpoint, body: bytes) -> tuple[int, Any]:
     request = urllib.request.Request(endpoint.http_url + "/api/asr-streaming", data=body,
-                                     headers=endpoint.headers, method="POST")
+                                     headers={**endpoint.headers, "Content-Type": "audio/wav"},
+                                     method="POST")
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             import json
@@ -77,7 +78,8 @@ def test_post_a_body_over_the_limit(endpoint: conftest.Endpoint) -> None:
     host, port = endpoint.http_url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     connection.putrequest("POST", "/api/asr-streaming")
-    for name, value in {**endpoint.headers, "Content-Length": str(65 << 20)}.items():
+    for name, value in {**endpoint.headers, "Content-Length": str(65 << 20),
+                        "Content-Type": "audio/wav"}.items():
         connection.putheader(name, value)
     connection.endheaders()
     response = connection.getresponse()

@@ -149,3 +149,31 @@ def test_no_compression_is_negotiated(platform: conftest.Platform, endpoint: str
     assert attacks.status_of(head) == 101
     assert b"sec-websocket-extensions" not in head.lower()
     platform.wait_settled(10)
+
+
+def test_a_page_elsewhere_cannot_stream_or_post(platform: conftest.Platform,
+                                                endpoint: str) -> None:
+    """A browser on another site's page sends its Origin: the upgrade and the POST are
+    403 from the head, and a form's content type is 415; each names its setting. The
+    server's own origin (the router's live page) streams. (All were let through.)"""
+    address = platform.address(endpoint)
+    foreign = {**platform.headers(endpoint), "Origin": "https://evil.example"}
+    answer = attacks.exchange(address, attacks.upgrade_request(headers=foreign), ANSWER_S)
+    assert attacks.status_of(answer) == 403 and b"--allowed-origins" in answer
+    post = (b"POST /api/asr-streaming HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\n"
+            b"Content-Length: 4\r\n%s\r\nRIFF")
+    answer = attacks.exchange(address, post % (b"audio/wav", b"Origin: https://evil.example\r\n"),
+                              ANSWER_S)
+    assert attacks.status_of(answer) == 403
+    answer = attacks.exchange(address, post % (b"text/plain", b""), ANSWER_S)
+    assert attacks.status_of(answer) == 415 and b"--upload-content-types" in answer
+    own = {**platform.headers(endpoint), "Origin": f"http://127.0.0.1:{address[1]}"}
+    sock = attacks.connect(address)
+    try:
+        sock.sendall(attacks.upgrade_request(headers=own).replace(
+            b"Host: 127.0.0.1\r\n", f"Host: 127.0.0.1:{address[1]}\r\n".encode()))
+        sock.settimeout(ANSWER_S)
+        assert attacks.status_of(attacks.read_head(sock)) == 101
+    finally:
+        sock.close()
+    platform.wait_settled(10)

@@ -63,7 +63,8 @@ def test_the_model_cache_volume_is_writable_by_the_server_user(server: str, mode
 FABRIC_PLUGINS = ("nvshmem_bootstrap_", "nvshmem_transport_", "libcufile_rdma")
 
 def post_audio(url: str) -> list[dict[str, object]]:
-    request = urllib.request.Request(url, data=SAMPLE.read_bytes(), method="POST")
+    request = urllib.request.Request(url, data=SAMPLE.read_bytes(), method="POST",
+                                     headers={"Content-Type": "audio/wav"})
     with urllib.request.urlopen(request, timeout=120) as response:
         messages: list[dict[str, object]] = json.loads(response.read())
     return messages

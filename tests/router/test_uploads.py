@@ -73,7 +73,8 @@ async def test_a_client_leaving_an_upload_frees_the_pods_slot(
     body = _long_wav(tmp_path / "long.wav")
     with _platform(redis_server.url, tmp_path) as (router, pods):
         connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
-        connection.request("POST", "/api/asr-streaming", body=body)
+        connection.request("POST", "/api/asr-streaming", body=body,
+                           headers=servers.UPLOAD_HEADERS)
         taken = await asyncio.to_thread(_busy, pods)
         assert connection.sock is not None
         connection.sock.shutdown(socket.SHUT_RDWR)

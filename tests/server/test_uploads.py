@@ -170,7 +170,7 @@ def test_a_post_whose_client_goes_away_frees_its_slot(
                 tmp_path / "long.wav")
     host, port = upload_server.address.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.request("POST", "/api/asr-streaming", body=body)
+    connection.request("POST", "/api/asr-streaming", body=body, headers=servers.UPLOAD_HEADERS)
     deadline = time.monotonic() + 30
     while upload_server.modules_info()["used_slots"] == 0:
         assert time.monotonic() < deadline, "the upload never took a slot"
@@ -190,7 +190,7 @@ def _slow_post(server: servers.ServerProcess, pieces: list[bytes], pause: float)
     host, port = server.address.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"POST /api/asr-streaming HTTP/1.1\r\nHost: pod\r\n"
-                     b"Content-Length: 1000000\r\n\r\n")
+                     b"Content-Type: audio/wav\r\nContent-Length: 1000000\r\n\r\n")
         for piece in pieces:
             try:
                 sock.sendall(piece)

@@ -159,10 +159,15 @@ class ServerProcess:
         self.stop()
 
 
+# An upload names an audio content type (anything else is 415: asrpool.common.browsers).
+UPLOAD_HEADERS = {"Content-Type": "application/octet-stream"}
+
+
 def post_file(url: str, body: bytes, timeout: float = 300.0) -> tuple[int, str]:
     """``POST url/api/asr-streaming`` with ``body``: the status and the answer's text
     (an error status too)."""
-    request = urllib.request.Request(url + "/api/asr-streaming", data=body, method="POST")
+    request = urllib.request.Request(url + "/api/asr-streaming", data=body, method="POST",
+                                     headers=UPLOAD_HEADERS)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode()
