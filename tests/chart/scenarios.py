@@ -101,6 +101,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             {"id": "team-a", "sha256": SHA, "max_streams": 8},
             {"id": "team-b", "sha256": SHA.replace("5", "6")}]}},
     },
+    "open-router": {"auth": {"apiKeys": {"enabled": False}}},  # anyone who reaches it
     "existing-secrets": {
         "auth": {
             "apiKeys": {"enabled": True, "existingSecret": "asr-keys"},

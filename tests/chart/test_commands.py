@@ -138,6 +138,38 @@ def test_api_keys_reach_the_router_as_the_file_it_loads(environ: Environ) -> Non
     assert set(secret["stringData"]) == {"clients.yaml"}
 
 
+def test_by_default_the_router_needs_a_key_the_chart_generated(
+        environ: Environ, tmp_path: Any) -> None:
+    """Keys are on unless turned off; with none listed the chart generates one, whose
+    digest is the router's key file and whose plain text the admin reads from the
+    Secret (never mounted in the router). (Keys were off by default.)"""
+    from asrpool.common import auth
+
+    manifests = rendering.render({})
+    secret = rendering.one(manifests, "Secret", "demo-asrpool-api-keys")
+    plain = secret["stringData"]["generated-key"]
+    assert len(plain) == 40 and plain.isalnum()
+    path = tmp_path / "keys.yaml"
+    path.write_text(secret["stringData"]["keys.yaml"])
+    ring = auth.load_keys(path)
+    assert [k.id for k in ring.keys] == ["generated"] and ring.find(plain) is not None
+    config, _ = router_from("defaults", environ)
+    assert config.api_keys_file is not None and config.api_keys_file.name == "keys.yaml"
+    deployment = rendering.one(manifests, "Deployment", "demo-asrpool-router")
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"]
+                 if v["name"] == "api-keys"]
+    assert volume["secret"]["items"] == [{"key": "keys.yaml", "path": "keys.yaml"}]
+
+
+def test_keys_turned_off_leave_the_router_open(environ: Environ) -> None:
+    config, container = router_from("open-router", environ)
+    assert config.api_keys_file is None
+    assert "api-keys" not in {m["name"] for m in container["volumeMounts"]}
+    manifests = rendering.render(SCENARIOS["open-router"])
+    assert not [m for m in manifests if m["kind"] == "Secret" and "api-keys" in
+                m["metadata"]["name"]]
+
+
 def test_the_api_key_secret_is_the_format_the_router_loads(tmp_path: Any) -> None:
     from asrpool.common import auth
 

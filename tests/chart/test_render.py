@@ -210,7 +210,8 @@ def test_the_packaged_chart_renders_the_same_as_the_directory(tmp_path: Path) ->
     archive = helm_python.package(rendering.CHART, destination=tmp_path)
     packaged = helm_python.Chart.load(archive)
     assert [c["filename"] for c in packaged.crds] == [c["filename"] for c in rendering.chart().crds]
-    values = {"auth": {"podToken": {"existingSecret": "token"}},  # nothing random
+    values = {"auth": {"podToken": {"existingSecret": "token"},  # nothing random
+                       "apiKeys": {"existingSecret": "keys"}},
               "redis": {"auth": {"existingSecret": "redis-password"}}}
     ours = rendering.chart().render(values, name=rendering.RELEASE, namespace=rendering.NAMESPACE,
                                     is_install=True)

@@ -67,7 +67,6 @@ BAD_VALUES = [
      "/redis/external/url", "does not match pattern"),
     ({"auth": {"apiKeys": {"enabled": True, "keys": [{"id": "team", "sha256": "hunter2"}]}}},
      "/auth/apiKeys/keys/0/sha256", "does not match pattern '^[0-9a-f]{64}$'"),
-    ({"auth": {"apiKeys": {"enabled": True}}}, "/auth/apiKeys/keys", "minItems"),
     ({"router": {"autoscaling": {"minReplicas": 0}}}, "/router/autoscaling/minReplicas", "minimum"),
     ({"operator": {"resyncSeconds": "fast"}}, "/operator/resyncSeconds", "got string, want number"),
     ({"pools": {"namespaces": ["Speech_EU"]}}, "/pools/namespaces/0", "does not match pattern"),

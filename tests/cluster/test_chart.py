@@ -12,6 +12,7 @@ the operator and the server pods read from a Secret in the release namespace.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import uuid
@@ -23,6 +24,7 @@ import helm_python
 import kubernetes
 import pytest
 
+from asrpool.common import protocol
 from asrpool.operator import naming
 from tests.cluster.clusters import Cluster
 from tests.support import kyutai_client, redis_servers
@@ -41,6 +43,11 @@ class Release:
     namespace: str
     redis: redis_servers.RedisServer
     router: str  # the router pod's address:port
+    api_key: str  # the key the chart generated (keys are on by default)
+
+    @property
+    def key_header(self) -> dict[str, str]:
+        return {protocol.API_KEY_HEADER: self.api_key}
 
     @property
     def operator_account(self) -> str:
@@ -92,7 +99,8 @@ def release(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactor
                                         STARTUP, period=1.0))
         asyncio.run(eventually(lambda: ready_pod(cluster, namespace, selector + "operator"),
                                STARTUP, period=1.0))
-        yield Release(namespace, redis, f"{router['status']['podIP']}:8080")
+        yield Release(namespace, redis, f"{router['status']['podIP']}:8080",
+                      generated_key(core, namespace))
     finally:
         try:
             config.uninstall(RELEASE, timeout=60)
@@ -100,6 +108,11 @@ def release(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactor
             config.close()
             core.delete_namespace(namespace)
             redis.stop()
+
+
+def generated_key(core: kubernetes.client.CoreV1Api, namespace: str) -> str:
+    secret = core.read_namespaced_secret(f"{RELEASE}-api-keys", namespace)
+    return base64.b64decode(secret.data["generated-key"]).decode()
 
 
 def test_the_operator_meets_rbac_as_its_own_service_account(
@@ -156,7 +169,8 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
         assert REDIS_PASSWORD not in objects  # by reference to the Secret only
 
     url = f"ws://{release.router}/api/asr-streaming?pool=stt"
-    async with kyutai_client.paced_stream(url, WAIT, timeout=400) as stream:
+    async with kyutai_client.paced_stream(url, WAIT, timeout=400,
+                                          headers=release.key_header) as stream:
         await eventually(lambda: slots_reported(2, 1), WAIT, period=1.0)
         use = await redis_servers.used_slots(release.redis.url, f"{namespace}/stt", REDIS_PASSWORD)
         (busy,) = [pod for pod, used in use.items() if used]
@@ -234,7 +248,8 @@ def test_a_pool_serves_a_saved_checkpoint_from_a_host_path_through_the_router(
     assert not [v for v in pod["spec"]["volumes"] if v.get("projected")]  # no API token
     pcm = streams.random_speechlike(3.0, seed=12)
     url = f"ws://{release.router}/api/asr-streaming?pool=saved"
-    transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT))
+    transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT,
+                                                      headers=release.key_header))
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
     loaded = models.load_model(str(tmp_path / "stt-tiny"), context=100)
     threads = torch.get_num_threads()

@@ -22,6 +22,7 @@ from typing import Any
 import helm_python
 import pytest
 
+from asrpool.common import protocol
 from asrpool.localcluster import netns
 from asrpool.operator import naming, sources
 from tests.nodes.clusters import NodeCluster
@@ -43,6 +44,7 @@ WAIT = 120.0
 class Release:
     namespace: str
     router: str  # the router pod's address:port
+    api_key: str  # the key the chart generated (keys are on by default)
 
     @property
     def router_service(self) -> str:
@@ -106,7 +108,9 @@ def release(cluster: NodeCluster, chart_images: list[str]) -> Iterator[Release]:
                                    STARTUP, period=2.0))
         router = asyncio.run(eventually(lambda: component(cluster, namespace, "router"),
                                         STARTUP, period=2.0))
-        yield Release(namespace, f"{router['status']['podIP']}:8080")
+        secret = cluster.get(namespace, "secret", f"{RELEASE}-api-keys")
+        key = base64.b64decode(secret["data"]["generated-key"]).decode()
+        yield Release(namespace, f"{router['status']['podIP']}:8080", key)
     finally:
         try:
             config.uninstall(RELEASE, timeout=60)
@@ -160,8 +164,8 @@ def test_a_stream_through_the_routers_service_gets_words(
         "securityContext": {"runAsUser": 10001, "runAsNonRoot": True},
         "containers": [{"name": "client", "image": "ghcr.io/asrpool/asrpool:0.1.0",
                         "imagePullPolicy": "Never",
-                        "command": ["asrpool", "stream", "--json", "--rtf", "4", url,
-                                    "/sample/hello.wav"],
+                        "command": ["asrpool", "stream", "--json", "--rtf", "4",
+                                    "--api-key", release.api_key, url, "/sample/hello.wav"],
                         "securityContext": {"readOnlyRootFilesystem": True},
                         "volumeMounts": [{"name": "sample", "mountPath": "/sample"}]}],
         "volumes": [{"name": "sample", "configMap": {"name": "sample"}}]}}
@@ -215,7 +219,8 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
 
     url, password = chart_redis
     stream_url = f"ws://{release.router}/api/asr-streaming?pool=roll"
-    async with kyutai_client.paced_stream(stream_url, WAIT, timeout=600) as stream:
+    key = {protocol.API_KEY_HEADER: release.api_key}
+    async with kyutai_client.paced_stream(stream_url, WAIT, timeout=600, headers=key) as stream:
         busy = await busy_pod(url, naming.registry_name(namespace, "roll"), password)
         names = {pod["metadata"]["name"] for pod in pool_pods(cluster, namespace, "roll")}
         (idle,) = names - {busy}
@@ -282,6 +287,8 @@ def test_the_model_cache_is_written_by_the_init_container_and_read_by_the_server
     assert len(files) >= 5 and {owner for owner, _ in files} == {"10001"}, owners
     pcm = streams.random_speechlike(2.0, seed=5)
     url = f"ws://{release.router}/api/asr-streaming?pool=cached"
-    transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT))
+    key = {protocol.API_KEY_HEADER: release.api_key}
+    transcript = asyncio.run(kyutai_client.transcribe(url, pcm, short=True, timeout=WAIT,
+                                                      headers=key))
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
     cluster.kubectl("delete", "-n", namespace, "asrpool/cached", "--wait=true")

@@ -189,9 +189,9 @@ class PacedStream:
 
 
 @contextlib.asynccontextmanager
-async def paced_stream(url: str, ready_timeout: float,
-                       timeout: float) -> AsyncIterator[PacedStream]:
-    async with await connect(url) as ws:
+async def paced_stream(url: str, ready_timeout: float, timeout: float,
+                       headers: Mapping[str, str] | None = None) -> AsyncIterator[PacedStream]:
+    async with await connect(url, headers) as ws:
         await expect(ws, "Ready", ready_timeout)
         stop = asyncio.Event()
         stream = PacedStream(
