@@ -113,6 +113,7 @@ class Admissions:
             pending_ms=c.pending_ms,
             queue_max=c.queue_max,
             queue_max_per_key=c.queue_max_per_key,
+            members_required=int(c.members_required),
         )
         reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
         if reply.outcome != "ok":

@@ -57,7 +57,7 @@ end
 """
 
 class AdmitArgs(NamedTuple):
-    """ADMIT's ARGV, in order (the Lua reads ARGV[1..15] by these positions)."""
+    """ADMIT's ARGV, in order (the Lua reads ARGV[1..16] by these positions)."""
 
     pool: str
     sid: str
@@ -74,6 +74,7 @@ class AdmitArgs(NamedTuple):
     pending_ms: int  # how long a reservation counts before the pod has accepted it
     queue_max: int  # waiters a pool's queue holds at most (a new one beyond: queue_full)
     queue_max_per_key: int  # waiters of one API key at most (beyond: key_queue_full); 0: any
+    members_required: int  # 1: a pool whose pods are not listed has none (0: any heartbeat)
 
     def argv(self) -> list[str | int]:
         return list(self)
@@ -123,8 +124,9 @@ redis.call('ZREMRANGEBYSCORE', pods_key, '-inf', now)
 -- operator or the local platform), only a listed pod at its listed IP is admitted to
 local members = P .. ':pool:' .. pool .. ':members'
 local listed = redis.call('EXISTS', members) == 1
+local members_required = ARGV[16] == '1'
 local function real(pod)
-  if not listed then return true end
+  if not listed then return not members_required end
   local ip = redis.call('HGET', members, pod.id)
   return ip ~= false and ip ~= '' and string.match(pod.address, '^(.*):%d+$') == ip
 end

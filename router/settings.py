@@ -75,6 +75,13 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # A pod's heartbeat missing this long ends its sessions (a pod that vanished
     # without closing its sockets); longer than the pods' lease (3 s) plus the time a
     # restarted Redis takes to be refilled by heartbeats.
+    # Whoever can write Redis can write a heartbeat: with this on, a pool is open only
+    # once the operator (or the local platform) has listed its real pods, and only to
+    # them; off, a pool that has no list yet admits to any heartbeat (a bare pod and
+    # router, by hand). The chart turns it on.
+    members_required: bool = pydantic.Field(
+        default=False, description="admit only to pods the operator listed; a pool with no"
+        " list yet waits for it (busy)")
     pod_gone_after_ms: int = pydantic.Field(
         default=5000, ge=0,
         description="a pod whose heartbeat is missing this long loses its sessions")

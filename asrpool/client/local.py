@@ -64,7 +64,8 @@ class LocalPlatform:
             self._start_pod(index)
         self._spawn("router", _asrpool("route", "--redis-url", self.redis_url, "--host", HOST,
                                        "--port", str(self.port), "--policy", self.policy,
-                                       "--queue-timeout-seconds", str(self.queue_timeout_seconds)))
+                                       "--queue-timeout-seconds", str(self.queue_timeout_seconds),
+                                       "--members-required"))
         self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "the router")
         asyncio.run(self._list_pods())
         self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "the pods")

@@ -82,6 +82,7 @@ def test_the_router_reads_its_rendered_command_and_environment(
         values["newStreamsPerSecond"], values["newStreamsBurst"], values["forwardedAllowIps"])
     assert config.connection_limits.allowed_origins == tuple(
         origin.strip() for origin in values["allowedOrigins"].split(",") if origin.strip())
+    assert config.members_required  # a heartbeat alone is never a pod
     assert config.gpu_hour_price == values.get("gpuHourPrice")  # null drops the key
     assert config.gpus_per_pod == values["gpusPerPod"]
     assert config.workers == values["workers"]

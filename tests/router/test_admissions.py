@@ -423,3 +423,22 @@ async def test_a_heartbeat_alone_does_not_make_a_pod(
     assert await s.admit(request()) == admissions.Refused("busy", 0)  # wrong IPs
     await registry.publish_members(redis, "default", {})
     assert await s.admit(request()) == admissions.Refused("busy", 0)  # no pods at all
+
+
+async def test_with_members_required_a_pool_without_its_list_waits_for_it(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """The list is missing (a new pool, or Redis restarted empty): any heartbeat counted,
+    so a rogue could take the streams of that moment. With members_required (the
+    chart's) the pool is busy until the operator lists its pods."""
+    await support.beat(redis, "real", total=1)
+    open_pool = store(redis, redis_server.url)
+    strict = store(redis, redis_server.url, members_required=True)
+    assert await strict.admit(request()) == admissions.Refused("busy", 0)
+    admitted = await open_pool.admit(request())  # by hand, a bare pod and router
+    assert isinstance(admitted, admissions.Session)
+    await open_pool.release(admitted)
+    await registry.publish_members(redis, "default", {"real": "127.0.0.1"})
+    admitted = await strict.admit(request())
+    assert isinstance(admitted, admissions.Session) and admitted.pod_id == "real"
+    await strict.release(admitted)
