@@ -83,7 +83,10 @@ def _lm_kwargs(n_q: int, card: int, text_card: int, **overrides: Any) -> dict[st
 
 # ``stt-1b-en_fr`` and ``stt-2.6b-en`` follow Kyutai's own moshi-server configurations
 # (kyutai-labs/delayed-streams-modeling, configs/config-stt-en_fr-hf.toml and
-# config-stt-en-hf.toml); tests/engine/test_presets.py holds every field to them.
+# config-stt-en-hf.toml); tests/engine/test_presets.py holds every field to them. Their
+# feed-forward is dim_feedforward = 8192, gated: moshi-core makes that 11 * 2048 / 4 =
+# 5,632 wide, Python moshi 21 * 2048 / 8 = 5,376 (it reads 8192 as 4 * dim); a hidden
+# scale of 4.125 (8,448, two thirds of which is 5,632) builds the released width.
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
         _tiny_mimi(),
@@ -99,13 +102,13 @@ PRESETS: dict[str, Preset] = {
     ),
     "stt-1b-en_fr": Preset(
         loaders._mimi_config,
-        _lm_kwargs(32, 2048, 8000, dim=2048, num_heads=16, num_layers=16, hidden_scale=4,
+        _lm_kwargs(32, 2048, 8000, dim=2048, num_heads=16, num_layers=16, hidden_scale=4.125,
                    context=750, max_period=100000),
         asr_delay_in_tokens=6, vocab_size=256, text_bias=False,
     ),
     "stt-2.6b-en": Preset(
         loaders._mimi_config,
-        _lm_kwargs(32, 2048, 4000, dim=2048, num_heads=32, num_layers=48, hidden_scale=4,
+        _lm_kwargs(32, 2048, 4000, dim=2048, num_heads=32, num_layers=48, hidden_scale=4.125,
                    context=375, max_period=100000, extra_heads_num_heads=0),
         asr_delay_in_tokens=32, vocab_size=256, text_bias=False,
     ),

@@ -34,15 +34,29 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 }
 
 
+def moshi_core_gated_width(d_model: int, dim_feedforward: int) -> int:
+    """The hidden width moshi-core (moshi-server's model code) gives a gated feed-forward."""
+    return 11 * d_model // 4 if dim_feedforward == 4 * d_model else 2 * dim_feedforward // 3
+
+
+def _built_gated_width(preset: models.Preset) -> int:
+    kwargs = dict(preset.lm_kwargs)
+    lm = LMModel(device=torch.device("meta"), **kwargs)
+    out = dict(lm.named_modules())["transformer.layers.0.gating.linear_out"]
+    assert isinstance(out, torch.nn.Linear)
+    return out.in_features
+
+
 def _as_published(preset: models.Preset) -> dict[str, Any]:
-    """The preset's fields under the names of Kyutai's server configuration."""
+    """The preset's fields under the names of Kyutai's server configuration; the
+    feed-forward by the width it builds (moshi and moshi-core read dim_feedforward apart)."""
     kw = preset.lm_kwargs
     extra_heads = kw["extra_heads_num_heads"]
     return dict(
         audio_vocab_size=kw["card"] + 1, text_in_vocab_size=kw["text_card"] + 1,
         text_out_vocab_size=kw["text_card"], audio_codebooks=kw["n_q"],
         d_model=kw["dim"], num_heads=kw["num_heads"], num_layers=kw["num_layers"],
-        dim_feedforward=int(kw["dim"] * kw["hidden_scale"]), context=kw["context"],
+        gated_width=_built_gated_width(preset), context=kw["context"],
         max_period=kw["max_period"], gating=kw["gating"],
         extra_heads_num_heads=extra_heads,
         extra_heads_dim=kw["extra_heads_dim"] if extra_heads else None,
@@ -52,7 +66,21 @@ def _as_published(preset: models.Preset) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_preset_equals_the_published_configuration(name: str) -> None:
-    assert _as_published(models.PRESETS[name]) == PUBLISHED[name]
+    published = dict(PUBLISHED[name])
+    published["gated_width"] = moshi_core_gated_width(published["d_model"],
+                                                      published.pop("dim_feedforward"))
+    assert _as_published(models.PRESETS[name]) == published
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_feed_forward_is_as_wide_as_moshi_cores(name: str) -> None:
+    """Python moshi reads dim_feedforward 8192 (4 x 2048) as 5,376 wide, moshi-core as
+    5,632: the preset builds the released checkpoints' 5,632 (it built 5,376, 5% fewer
+    parameters, which flattered every capacity figure measured on it)."""
+    published = PUBLISHED[name]
+    expected = moshi_core_gated_width(published["d_model"], published["dim_feedforward"])
+    assert expected == 5632
+    assert _built_gated_width(models.PRESETS[name]) == expected
 
 
 @pytest.mark.parametrize(("name", "billions"), [("stt-1b-en_fr", 1.0), ("stt-2.6b-en", 2.6)])
