@@ -114,8 +114,11 @@ class ProtocolError(ValueError):
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """Pack one outgoing message (``Ready``, ``Word``, ``EndWord``, ``Marker``, ...)."""
-    packed: bytes = msgpack.packb(message, use_bin_type=True)
+    """Pack one outgoing message (``Ready``, ``Word``, ``EndWord``, ``Marker``, ...).
+    A ``Step``'s ``prs`` are float32, its only floats, as moshi-server's (``Vec<f32>``);
+    word times stay float64, as there."""
+    packed: bytes = msgpack.packb(message, use_bin_type=True,
+                                  use_single_float=message.get("type") == "Step")
     return packed
 
 

@@ -1,5 +1,9 @@
 """Word assembly follows Kyutai's moshi-server token rules exactly."""
 
+import msgpack
+import numpy as np
+
+from asrpool.common import protocol
 from asrpool.server import events as ev
 
 
@@ -57,3 +61,13 @@ def test_messages_have_the_wire_shape() -> None:
     assert ev.to_message(ev.Step(4, (0.1, 0.9)), buffered_pcm=1920) == {
         "type": "Step", "step_idx": 4, "prs": [0.1, 0.9], "buffered_pcm": 1920}
     assert ev.to_message(ev.Marker(3)) == {"type": "Marker", "id": 3}
+
+
+def test_step_probabilities_are_float32_and_times_float64_on_the_wire() -> None:
+    """As moshi-server packs them (prs: Vec<f32>, start_time and stop_time: f64); a
+    client comparing bytes saw float64 prs here."""
+    step = protocol.encode(ev.to_message(ev.Step(4, (0.1, 0.9)), buffered_pcm=1920))
+    assert step.count(b"\xca") == 2 and b"\xcb" not in step  # msgpack float 32, float 64
+    assert msgpack.unpackb(step)["prs"] == [float(np.float32(0.1)), float(np.float32(0.9))]
+    word = protocol.encode(ev.to_message(ev.Word("hi", 0.5)))
+    assert b"\xcb" in word and msgpack.unpackb(word)["start_time"] == 0.5
