@@ -2,6 +2,10 @@
 # Each creates the virtual environment and installs what it needs by itself.
 
 PYTHON ?= python3
+# The checkout's operator/ would shadow the standard library's operator module for any
+# Python started here that puts the working directory on sys.path (Debian's python3 does
+# so before it imports collections, so even `python3 -m venv` failed): never put it there.
+export PYTHONSAFEPATH := 1
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
