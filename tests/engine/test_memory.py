@@ -10,7 +10,9 @@ from moshi.models.lm import LMGen
 from asrpool.server import engine, models
 
 
-def test_state_bytes_are_the_same_after_100_and_10000_steps() -> None:
+def test_state_bytes_are_the_same_after_100_and_2000_steps() -> None:
+    """Context 8: 2,000 steps wrap the rolling cache 250 times (10,000 steps took 100 s
+    of a quiet CI machine and past the 300 s test timeout of a busy one)."""
     model = models.load_model("tiny", context=8)
     rng = np.random.default_rng(0)
     frames = [(0.1 * rng.standard_normal(1920)).astype(np.float32) for _ in range(16)]
@@ -18,13 +20,13 @@ def test_state_bytes_are_the_same_after_100_and_10000_steps() -> None:
         eng.reset_slot(0)
         eng.reset_slot(1)
         sizes = {}
-        for step in range(1, 10_001):
+        for step in range(1, 2_001):
             eng.step({0: frames[step % 16], 1: frames[(step * 7) % 16]} if step % 3 else
                      {0: frames[step % 16]})
-            if step in (100, 10_000):
+            if step in (100, 2_000):
                 sizes[step] = eng.state_nbytes()
     assert sizes[100] > 0
-    assert sizes[100] == sizes[10_000]
+    assert sizes[100] == sizes[2_000]
 
 
 def test_an_engine_that_runs_out_of_memory_opening_leaves_the_model_free(
