@@ -165,7 +165,8 @@ def _send_raw(port: int, data: bytes) -> bytes:
 
 async def test_pools_view_and_metrics(router: support.RouterProcess, redis: aioredis.Redis) -> None:
     await support.beat(redis, "viewed", total=4, free=3, pool="view-pool")
-    status, body = support.http_get(router.url + "/api/pools")
+    assert support.http_get(router.url + "/api/pools")[0] == 401  # keys are on here
+    status, body = support.http_get(router.url + f"/api/pools?auth_id={KEYS['good']}")
     assert status == 200
     pool = json.loads(body)["pools"]["view-pool"]
     assert pool["total_slots"] == 4 and pool["free_slots"] == 3
