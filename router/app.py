@@ -99,8 +99,7 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
     async def pools(request: requests.Request, d: wiring.Deps = Deps) -> responses.Response:
         # Pod addresses and every pool's load: for key holders when keys are on.
         if streaming.authenticate(request, d.keyring) is None:
-            d.meters.rejections.labels("unauthorized").inc()
-            return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
+            return streaming.unauthorized(d)
         return await _redis_view(d, lambda got: got)
 
     @app.get("/", include_in_schema=False)

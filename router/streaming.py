@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 ANONYMOUS = auth.ApiKey(id="", sha256="")
 
 
+def unauthorized(deps: wiring.Deps) -> responses.Response:
+    """The answer to a missing or unknown API key (stream, upload or view), counted."""
+    deps.meters.rejections.labels("unauthorized").inc()
+    return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
+
+
 def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None) -> auth.ApiKey | None:
     if keyring is None:
         return ANONYMOUS
@@ -54,10 +60,7 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
     resume_text = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
     key = authenticate(ws, deps.keyring)
     if key is None:
-        deps.meters.rejections.labels("unauthorized").inc()
-        await ws.send_denial_response(
-            responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
-        )
+        await ws.send_denial_response(unauthorized(deps))
         return
     throttled = deps.new_streams.of_key(key.id) if resume_text is None else None
     if throttled is not None:  # its address was checked from the request head already

@@ -46,8 +46,7 @@ async def transcribe(
 ) -> responses.Response:
     key = streaming.authenticate(request, deps.keyring)
     if key is None:
-        deps.meters.rejections.labels("unauthorized").inc()
-        return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
+        return streaming.unauthorized(deps)
     try:
         body = await bodies.read_limited(request, deps.config.max_upload_bytes,
                                          deps.config.body_pace)
