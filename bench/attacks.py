@@ -25,9 +25,9 @@ TINY_RCVBUF = 1024  # the kernel's minimum: the server's sends stall after ~100 
 
 
 def upgrade_request(path: str = protocol.STREAMING_PATH,
-                    headers: Mapping[str, str] | None = None) -> bytes:
+                    headers: Mapping[str, str] | None = None, host: str = "127.0.0.1") -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
-    lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", "Upgrade: websocket",
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Upgrade: websocket",
              "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()

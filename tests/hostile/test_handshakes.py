@@ -139,13 +139,7 @@ def test_no_compression_is_negotiated(platform: conftest.Platform, endpoint: str
     limit of audio work. (The pod negotiated it.)"""
     offer = {**platform.headers(endpoint),
              "Sec-WebSocket-Extensions": "permessage-deflate; client_max_window_bits"}
-    sock = attacks.connect(platform.address(endpoint))
-    try:
-        sock.sendall(attacks.upgrade_request(headers=offer))
-        sock.settimeout(ANSWER_S)
-        head = attacks.read_head(sock)
-    finally:
-        sock.close()
+    head = _upgraded_head(platform.address(endpoint), attacks.upgrade_request(headers=offer))
     assert attacks.status_of(head) == 101
     assert b"sec-websocket-extensions" not in head.lower()
     platform.wait_settled(10)
@@ -167,13 +161,18 @@ def test_a_page_elsewhere_cannot_stream_or_post(platform: conftest.Platform,
     assert attacks.status_of(answer) == 403
     answer = attacks.exchange(address, post % (b"text/plain", b""), ANSWER_S)
     assert attacks.status_of(answer) == 415 and b"--upload-content-types" in answer
-    own = {**platform.headers(endpoint), "Origin": f"http://127.0.0.1:{address[1]}"}
-    sock = attacks.connect(address)
+    host = f"127.0.0.1:{address[1]}"
+    own = {**platform.headers(endpoint), "Origin": f"http://{host}"}
+    head = _upgraded_head(address, attacks.upgrade_request(headers=own, host=host))
+    assert attacks.status_of(head) == 101
+    platform.wait_settled(10)
+
+
+def _upgraded_head(address: tuple[str, int], request: bytes) -> bytes:
+    """The response head to an upgrade request; the connection then closes."""
+    sock = attacks.connect(address, timeout=ANSWER_S)
     try:
-        sock.sendall(attacks.upgrade_request(headers=own).replace(
-            b"Host: 127.0.0.1\r\n", f"Host: 127.0.0.1:{address[1]}\r\n".encode()))
-        sock.settimeout(ANSWER_S)
-        assert attacks.status_of(attacks.read_head(sock)) == 101
+        sock.sendall(request)
+        return attacks.read_head(sock)
     finally:
         sock.close()
-    platform.wait_settled(10)
