@@ -1,4 +1,5 @@
-"""Fixtures shared by every suite: real Redis servers on free loopback ports."""
+"""Fixtures shared by every suite: real Redis servers on free loopback ports, and a
+process environment of chosen ``ASRPOOL_*`` variables alone."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import redis_servers
+from tests.support import environs, redis_servers
+
+
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> environs.Environ:
+    """Set a container's environment, alone (no ASRPOOL_* of this machine leaks in)."""
+    return environs.alone(monkeypatch)
 
 
 @pytest.fixture

@@ -4,40 +4,32 @@ sets cannot win over it."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from asrpool.common import environment
 from asrpool.operator import settings as operator_settings
 from asrpool.router import settings as router_settings
 from asrpool.server import settings as server_settings
-
-
-@pytest.fixture(autouse=True)
-def _no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.upper().startswith(environment.PREFIX)]:
-        monkeypatch.delenv(name)
+from tests.support.environs import Environ
 
 
 @pytest.mark.parametrize("twin", ["asrpool_pool", "Asrpool_Pool", "ASRPOOL_pool"])
-def test_a_twin_in_another_case_is_not_a_setting(monkeypatch: pytest.MonkeyPatch,
-                                                  twin: str) -> None:
-    monkeypatch.setenv(twin, "other/pool")
+def test_a_twin_in_another_case_is_not_a_setting(environ: Environ, twin: str) -> None:
+    environ({twin: "other/pool"})
     assert server_settings.ServerSettings().pool == "default"
-    monkeypatch.setenv("ASRPOOL_POOL", "speech/stt")
+    environ({"ASRPOOL_POOL": "speech/stt"})
     assert server_settings.ServerSettings().pool == "speech/stt"
 
 
-def test_every_part_reads_its_upper_case_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ASRPOOL_REDIS_URL", "redis://127.0.0.1:6390/0")
-    monkeypatch.setenv("asrpool_redis_url", "redis://198.18.9.9:6379/0")
+def test_every_part_reads_its_upper_case_variables(environ: Environ) -> None:
+    environ({"ASRPOOL_REDIS_URL": "redis://127.0.0.1:6390/0",
+             "asrpool_redis_url": "redis://198.18.9.9:6379/0"})
     assert server_settings.ServerSettings().redis_url == "redis://127.0.0.1:6390/0"
     assert router_settings.RouterSettings().redis_url == "redis://127.0.0.1:6390/0"
-    assert operator_settings.OperatorSettings(all_namespaces=True).redis_url == "redis://127.0.0.1:6390/0"
+    assert operator_settings.OperatorSettings(all_namespaces=True).redis_url == \
+        "redis://127.0.0.1:6390/0"
 
 
-def test_arguments_still_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ASRPOOL_BATCH_SIZE", "16")
+def test_arguments_still_win_over_the_environment(environ: Environ) -> None:
+    environ({"ASRPOOL_BATCH_SIZE": "16"})
     assert server_settings.ServerSettings().batch_size == 16
     assert server_settings.ServerSettings(batch_size=4).batch_size == 4

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pydantic_settings
 
 from asrpool import cli
+from tests.support import environs
 
 PREFIX = "ASRPOOL_"
-Environ = Callable[[dict[str, str]], None]
+Environ = environs.Environ
 
 
 def resolve_env(container: dict[str, Any],

@@ -4,7 +4,6 @@ pass-through: plain dict asserts on the pure builders, and every built object pa
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import kubernetes_validate
@@ -14,6 +13,7 @@ from asrpool.common import weights
 from asrpool.localcluster import podspecs
 from asrpool.operator import children, naming, pools, settings, sources
 from asrpool.server import settings as server_settings
+from tests.support.environs import Environ
 
 CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0",
                                    redis_password_secret="redis")
@@ -214,7 +214,7 @@ def test_the_pod_template_pass_through_reaches_the_pods() -> None:
     assert server(template)["envFrom"] == [{"secretRef": {"name": "mirror"}}]
 
 
-def test_a_pools_env_from_cannot_replace_the_operators_variables() -> None:
+def test_a_pools_env_from_cannot_replace_the_operators_variables(environ: Environ) -> None:
     """A ConfigMap of the pool's own, listed in spec.envFrom, names the operator's
     variables (and lower-case twins): the server's environment keeps the operator's
     values, resolved as a kubelet does (envFrom, then env)."""
@@ -228,12 +228,8 @@ def test_a_pools_env_from_cannot_replace_the_operators_variables() -> None:
     assert env["ASRPOOL_POOL"] == "speech/stt"
     assert env["ASRPOOL_REDIS_URL"] == CONFIG.server_redis_url
     assert env["ASRPOOL_LOG_LEVEL"] == "debug"  # what the operator leaves alone stays the pool's
-    with pytest.MonkeyPatch.context() as patch:
-        for name in [n for n in os.environ if n.upper().startswith("ASRPOOL_")]:
-            patch.delenv(name)
-        for name, value in env.items():
-            patch.setenv(name, value)
-        assert server_settings.ServerSettings().pool == "speech/stt"  # the twin is not read
+    environ(env)
+    assert server_settings.ServerSettings().pool == "speech/stt"  # the twin is not read
 
 
 def test_the_operators_labels_and_annotations_win() -> None:
