@@ -34,10 +34,16 @@ def entries(text: str) -> tuple[str, ...]:
     return tuple(part.strip().lower() for part in text.split(",") if part.strip())
 
 
+def origins(text: str) -> tuple[str, ...]:
+    """``--allowed-origins`` as browsers spell an origin (no trailing slash)."""
+    return tuple(origin.rstrip("/") for origin in entries(text))
+
+
 def origin_problem(headers: Headers, allowed: Sequence[str]) -> str | None:
-    """Why a request with these headers may not come from its page, or None."""
+    """Why a request with these headers may not come from its page, or None
+    (``allowed``: :func:`origins`)."""
     origin = _header(headers, b"origin")
-    if origin is None or ANY in allowed or origin.lower() in [a.rstrip("/") for a in allowed]:
+    if origin is None or ANY in allowed or origin.lower() in allowed:
         return None
     host = _header(headers, b"host")
     if host is not None and parse.urlsplit(origin).netloc.lower() == host.lower():

@@ -63,7 +63,7 @@ class Limits:
     handshake_timeout_seconds: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     max_connections: int = 2048
     send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT_S
-    allowed_origins: tuple[str, ...] = ()  # browsers.origin_problem
+    allowed_origins: tuple[str, ...] = ()  # browsers.origins
     upload_content_types: tuple[str, ...] = browsers.entries(browsers.DEFAULT_UPLOAD_TYPES)
 
 
@@ -104,10 +104,10 @@ class LimitSettings(pydantic.BaseModel):
 
     @property
     def connection_limits(self) -> Limits:
-        listed = {"allowed_origins", "upload_content_types"}
         given: dict[str, Any] = {field.name: getattr(self, field.name)
                                  for field in dataclasses.fields(Limits)}
-        given.update({name: browsers.entries(given[name]) for name in listed})
+        given["allowed_origins"] = browsers.origins(self.allowed_origins)
+        given["upload_content_types"] = browsers.entries(self.upload_content_types)
         return Limits(**given)
 
 
