@@ -1,7 +1,9 @@
-"""Print the pinned requirements of an image, read from pyproject.toml (one source of pins).
+"""Print the pinned requirements of an image, read from pyproject.toml (one source of pins),
+or the server image's install split into layers, read from pip's install report.
 
     python docker/requirements.py control pyproject.toml   # everything but the model stack
     python docker/requirements.py server pyproject.toml    # everything
+    python docker/requirements.py layers report.json       # one line of pins per layer
 
 The control image (operator and router) leaves out the model stack: ``router`` and
 ``operator`` never import torch or moshi (docs/architecture.md), and a test proves they
@@ -10,9 +12,12 @@ import without it.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -45,5 +50,40 @@ def requirements(image: str, pyproject: Path) -> list[str]:
     raise ValueError(f"unknown image {image!r}: control or server")
 
 
+# The server's 7.8 GB of packages in layers of at most about 2.5 GB each: committing a layer
+# takes twice its size in temporary files (buildah and containers/image each keep a copy
+# until it is stored), so one layer of everything needed some 20 GB free beside the image.
+# Each entry: what it holds (with its size for torch 2.9.1), and the distributions in it.
+LAYERS: list[tuple[str, Callable[[str], bool]]] = [
+    ("cuDNN and cuBLAS, 1.8 GB", lambda name: name in {"nvidia-cudnn-cu12", "nvidia-cublas-cu12"}),
+    ("the other CUDA libraries, 2.5 GB", lambda name: name.startswith("nvidia-")),
+    ("torch and triton, 2.3 GB", lambda name: name in {"torch", "triton"}),
+]
+
+
+def layer_of(name: str) -> int | None:
+    """The first entry of LAYERS that holds a distribution; None: the last, common layer."""
+    return next((index for index, (_, holds) in enumerate(LAYERS) if holds(name)), None)
+
+
+def layers(report: dict[str, Any]) -> list[str]:
+    """One line of ``name==version`` pins per entry of LAYERS, from ``pip install --dry-run
+    --report``'s JSON; the rest (about 1 GB) is left to the install of the requirements."""
+    lines: list[list[str]] = [[] for _ in LAYERS]
+    for item in report["install"]:
+        name = distribution(item["metadata"]["name"])
+        index = layer_of(name)
+        if index is not None:
+            lines[index].append(f"{name}=={item['metadata']['version']}")
+    return [" ".join(sorted(line)) for line in lines]
+
+
+def main(arguments: list[str]) -> str:
+    what, path = arguments
+    if what == "layers":
+        return "\n".join(layers(json.loads(Path(path).read_text())))
+    return "\n".join(requirements(what, Path(path)))
+
+
 if __name__ == "__main__":
-    print("\n".join(requirements(sys.argv[1], Path(sys.argv[2]))))
+    print(main(sys.argv[1:]))

@@ -12,11 +12,31 @@
 # a volume; mount a persistent or node-local volume there to download once per node.
 ARG BASE_IMAGE=python:3.11.11-slim-bookworm
 
+# The pins (pyproject.toml's, torch and moshi kept equal to them: a test checks), resolved
+# by pip into the layers of the final stage (docker/requirements.py layers): a stage of its
+# own, so that those layers are rebuilt only when the pins change.
+# WHEELHOUSE: a folder of wheels that tools/images/build mounts from its cache, so that
+# torch and its CUDA wheels (some 4 GB) download once per machine: `pip download` keeps
+# what is already there, and every install reads only that folder. Unset (docker build),
+# pip installs from the index. No pip cache is kept (PIP_NO_CACHE_DIR).
 FROM ${BASE_IMAGE} AS requirements
+ARG TORCH_VERSION=2.9.1
+ARG MOSHI_VERSION=0.2.13
+ARG PIP_CERT
+ARG WHEELHOUSE
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml ./
 COPY docker/requirements.py docker/requirements.py
-RUN python3 docker/requirements.py server pyproject.toml > /requirements.txt
+RUN python3 docker/requirements.py server pyproject.toml > /requirements.txt \
+ && printf '%s\n' "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /requirements.txt \
+ && python3 -m venv /opt/resolve \
+ && if [ -n "${WHEELHOUSE:-}" ]; then \
+      /opt/resolve/bin/pip download --quiet --dest "$WHEELHOUSE" --requirement /requirements.txt; \
+    fi \
+ && /opt/resolve/bin/pip install --dry-run --quiet --report /resolved.json \
+      ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"} --requirement /requirements.txt \
+ && python3 docker/requirements.py layers /resolved.json > /layers.txt
 
 FROM ${BASE_IMAGE} AS wheel
 ARG PIP_CERT
@@ -33,14 +53,7 @@ COPY plan plan
 RUN /opt/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
-# Kept equal to the pins in pyproject.toml (a test checks); the requirements hold them.
-ARG TORCH_VERSION=2.9.1
-ARG MOSHI_VERSION=0.2.13
 ARG PIP_CERT
-# WHEELHOUSE: a folder of wheels that tools/images/build mounts from its cache, so that
-# torch and its CUDA wheels (some 4 GB) download once per machine: `pip download` keeps
-# what is already there, and the install reads only that folder. Unset (docker build),
-# pip installs from the index. No pip cache is kept (PIP_NO_CACHE_DIR).
 ARG WHEELHOUSE
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -49,13 +62,25 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/asrpool \
     PATH=/opt/asrpool/bin:$PATH \
     HF_HOME=/models
-COPY --from=requirements /requirements.txt /opt/requirements.txt
+COPY --from=requirements /requirements.txt /layers.txt /opt/
+# Some 7.8 GB of packages in four layers, none over about 2.5 GB: committing a layer takes
+# twice its size in temporary disk, so one layer of it all needed 20 GB free to build.
+# Each of the first three installs one line of /opt/layers.txt (CUDA libraries, torch)
+# without dependencies; the fourth installs the requirements, which finds those in place.
+# The wheelhouse is filled again first (a no-op when it holds them all), in case it was
+# emptied while the requirements stage stayed cached.
 RUN python3 -m venv /opt/asrpool \
- && printf '%s\n' "torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /opt/requirements.txt \
  && if [ -n "${WHEELHOUSE:-}" ]; then \
-      pip download --quiet --dest "$WHEELHOUSE" --requirement /opt/requirements.txt \
-      && pip install --no-index --find-links "$WHEELHOUSE" --requirement /opt/requirements.txt; \
-    else pip install --requirement /opt/requirements.txt; fi \
+      pip download --quiet --dest "$WHEELHOUSE" --requirement /opt/requirements.txt; \
+    fi \
+ && sed -n 1p /opt/layers.txt | xargs -r pip install --no-deps \
+      ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"}
+RUN sed -n 2p /opt/layers.txt | xargs -r pip install --no-deps \
+      ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"}
+RUN sed -n 3p /opt/layers.txt | xargs -r pip install --no-deps \
+      ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"}
+RUN pip install ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"} \
+      --requirement /opt/requirements.txt \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin asrpool \
  && mkdir -p /models \
  && chown 10001:10001 /models

@@ -91,16 +91,47 @@ def test_the_server_image_builds_from_the_slim_base_with_torch_and_moshi_as_pinn
     that only the driver's are left to the host)."""
     base = args(instructions("server"))["BASE_IMAGE"]
     assert base.startswith("python:3.11") and base.endswith("-slim-bookworm")
-    stage = final_stage("server")
-    assert stage[0] == ("FROM", "${BASE_IMAGE}")
-    versions = args(stage)
+    resolving, *_, final = stages("server")
+    assert final[0] == ("FROM", "${BASE_IMAGE}")
+    versions = args(resolving)
     assert f"=={versions['TORCH_VERSION']}" == pins()["torch"]
     assert f"=={versions['MOSHI_VERSION']}" == pins()["moshi"]
-    runs = " ".join(rest for word, rest in stage if word == "RUN")
-    assert '"torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /opt/requirements.txt' in runs
-    assert "pip install --requirement /opt/requirements.txt" in runs
-    assert "--find-links \"$WHEELHOUSE\" --requirement /opt/requirements.txt" in runs
-    assert "pip install --no-deps /wheels/asrpool-*.whl" in runs
+    resolve = " ".join(" ".join(rest.split()) for word, rest in resolving if word == "RUN")
+    assert '"torch==${TORCH_VERSION}" "moshi==${MOSHI_VERSION}" >> /requirements.txt' in resolve
+    assert "--report /resolved.json" in resolve
+    assert "requirements.py layers /resolved.json > /layers.txt" in resolve
+    runs = [" ".join(rest.split()) for word, rest in final if word == "RUN"]
+    wheelhouse = '${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"}'
+    for line, run in enumerate(runs[:3], start=1):
+        layer = f"sed -n {line}p /opt/layers.txt | xargs -r pip install --no-deps {wheelhouse}"
+        assert layer in run
+    assert f"pip install {wheelhouse} --requirement /opt/requirements.txt" in runs[3]
+    assert "pip install --no-deps /wheels/asrpool-*.whl" in runs[4]
+
+
+def report(*pins: str) -> dict[str, Any]:
+    """A pip install report (``pip install --dry-run --report``) of these name==version."""
+    return {"version": "1", "install": [
+        {"metadata": {"name": name, "version": version}}
+        for name, version in (pin.split("==") for pin in pins)]}
+
+
+def test_the_server_packages_are_split_into_layers_of_cuda_libraries_and_torch() -> None:
+    layers = requirements_script().layers
+    resolved = report("numpy==2.2.6", "nvidia-cublas-cu12==12.8.4.1", "torch==2.9.1",
+                      "nvidia_nccl_cu12==2.27.5", "triton==3.5.1", "nvidia-cudnn-cu12==9.10.2.21",
+                      "moshi==0.2.13", "nvidia-cufft-cu12==11.3.3.83")
+    assert layers(resolved) == [
+        "nvidia-cublas-cu12==12.8.4.1 nvidia-cudnn-cu12==9.10.2.21",
+        "nvidia-cufft-cu12==11.3.3.83 nvidia-nccl-cu12==2.27.5",
+        "torch==2.9.1 triton==3.5.1"]
+
+
+def test_without_cuda_wheels_their_layers_are_empty_lines() -> None:
+    """torch without CUDA wheels (another platform or index): the image's steps read an
+    empty line and install nothing (xargs -r), the last installs it all."""
+    assert requirements_script().layers(report("torch==2.9.1", "numpy==2.2.6")) == [
+        "", "", "torch==2.9.1"]
 
 
 @pytest.mark.parametrize("image", IMAGES)

@@ -39,6 +39,16 @@ def test_torch_imports_and_computes_on_the_cpu(server: str) -> None:
     assert float(total) == 83.0
 
 
+def test_no_layer_of_the_server_image_is_over_three_gigabytes(server: str) -> None:
+    """Committing a layer takes twice its size in temporary disk (buildah's copy and
+    containers/image's), so the 7.8 GB of packages are in four layers, not one."""
+    done = containers.podman("history", "--format", "json", server, timeout=60)
+    assert done.returncode == 0, done.stderr
+    sizes = [layer["size"] for layer in json.loads(done.stdout)]
+    assert sum(sizes) > 6e9
+    assert max(sizes) < 3e9, sorted(sizes)[-4:]
+
+
 def test_it_transcribes_a_file_as_uid_10001_on_a_read_only_root(server: str, models: str) -> None:
     options = ["--volume", f"{SAMPLE}:/audio/hello.wav:ro", "--volume", f"{models}:/models"]
     done = containers.run(server, ["transcribe", "/audio/hello.wav", "--model", "tiny",
