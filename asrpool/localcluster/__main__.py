@@ -116,8 +116,11 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
     failed = False
     try:
         seeds = args.image_cache or imagecache.default_dir()
-        archives = images.archives([*([str(args.pause_archive)] if args.pause_archive else []),
-                                    *args.images], seeds.parent / "oci-from-podman")
+        # Earlier versions kept an OCI archive of each stored image here (the server's:
+        # gigabytes); images are now copied out only to fill a seed, and not kept.
+        shutil.rmtree(seeds.parent / "oci-from-podman", ignore_errors=True)
+        wanted = images.resolve([*([str(args.pause_archive)] if args.pause_archive else []),
+                                 *args.images])
         real = realnodes.RealNodes(args.bin_dir, workdir, args.real_nodes,
                                    realnodes.cluster_id(os.getpid()),
                                    seeds)
@@ -126,7 +129,7 @@ def _run_real(args: argparse.Namespace, stop: threading.Event, workdir: Path) ->
                                           real.address, real.identities)
         access = plane.start()
         args.kubeconfig.write_text(access.kubeconfig())
-        loaded = real.start(access, archives)
+        loaded = real.start(access, wanted)
         print(f"images ready for {args.real_nodes} node(s) in {loaded:.1f} s", file=sys.stderr)
         _wait_ready(real, args.ready_timeout)
         print("ready", flush=True)

@@ -13,6 +13,7 @@ import dataclasses
 import re
 import subprocess
 from pathlib import Path
+from typing import IO
 
 from asrpool.common import processes
 from asrpool.localcluster import cni
@@ -115,9 +116,10 @@ def write(paths: Paths, cni_conf_dir: Path) -> None:
     paths.config.write_text(config(paths, cni_conf_dir))
 
 
-def ctr(paths: Paths, *args: str, timeout: float = 600.0) -> str:
+def ctr(paths: Paths, *args: str, timeout: float = 600.0, stdin: IO[bytes] | None = None) -> str:
     argv = ["ctr", "--address", str(paths.host_socket), "--namespace", NAMESPACE, *args]
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    result = subprocess.run(argv, stdin=stdin, capture_output=True, text=True, check=False,
+                            timeout=timeout)
     if result.returncode != 0:
         raise processes.StartError(f"ctr {' '.join(args)}: {result.stderr.strip()}")
     return result.stdout
@@ -135,6 +137,21 @@ def import_archive(paths: Paths, archive: Path) -> set[str]:
     """The archive's images, imported (blobs already in the store are kept as they are);
     the names it holds."""
     said = ctr(paths, "images", "import", str(archive), timeout=IMPORT_TIMEOUT)
+    return set(IMPORTED.findall(said))
+
+
+def import_layout(paths: Paths, layout: Path) -> set[str]:
+    """An OCI layout folder's images, imported from the archive of it that tar streams to
+    ``ctr`` (none is written); the names it holds."""
+    entries = sorted(entry.name for entry in layout.iterdir())
+    with subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", *entries],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
+        said = ctr(paths, "images", "import", "-", timeout=IMPORT_TIMEOUT, stdin=tar.stdout)
+        assert tar.stdout is not None and tar.stderr is not None
+        tar.stdout.close()
+        problem = tar.stderr.read().decode(errors="replace").strip()
+    if tar.returncode != 0:
+        raise processes.StartError(f"tar of {layout}: {problem}")
     return set(IMPORTED.findall(said))
 
 

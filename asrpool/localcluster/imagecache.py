@@ -1,11 +1,12 @@
 """Images loaded once per image set: containerd roots kept in a cache, keyed by digests.
 
-Importing an image into containerd reads its whole archive and unpacks every layer
-(minutes for the server image, per node). So a node's containerd does not import: the
-first cluster to use a set of archives imports them into a *seed* root (a containerd
-that has never run a container), kept under the cache and named by a hash of the
-archives' index digests; every node of every later cluster with the same set starts
-from a copy of that seed. The copy hard-links the content blobs and unpacked layers
+Importing an image into containerd reads all of it and unpacks every layer (minutes
+for the server image, per node). So a node's containerd does not import: the first
+cluster to use a set of images imports them into a *seed* root (a containerd that has
+never run a container), kept under the cache and named by a hash of the images'
+identities (an archive's index digest, a stored image's name and ID: images.Image);
+every node of every later cluster with the same set starts from a copy of that seed.
+The copy hard-links the content blobs and unpacked layers
 (which containerd never writes again) and copies only the bolt databases, so it takes
 a moment whatever the images weigh. A changed image changes its digest, so a new seed:
 it starts as such a copy of the newest seed, so the import writes and unpacks only the
@@ -20,11 +21,10 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from asrpool.common import processes
+from asrpool.localcluster.images import Image
 
 KEEP = 2  # seeds kept: the newest (one holds the server image: some 12 GB)
 DATABASE_SUFFIX = ".db"
@@ -39,28 +39,16 @@ def default_dir() -> Path:
     return Path(xdg) / "asrpool" / "containerd-seeds"
 
 
-def archive_digest(archive: Path) -> str:
-    """The sha256 of the archive's ``index.json`` (which names every blob by digest)."""
-    try:
-        with tarfile.open(archive) as tar:
-            member = tar.extractfile("index.json")
-            if member is None:
-                raise KeyError("index.json")
-            return hashlib.sha256(member.read()).hexdigest()
-    except (OSError, KeyError, tarfile.TarError) as exc:
-        raise processes.StartError(f"{archive} is not an OCI archive: {exc}") from exc
-
-
-def key(archives: Sequence[Path]) -> str:
+def key(images: Sequence[Image]) -> str:
     version = subprocess.run(["containerd", "--version"], capture_output=True, text=True,
                              check=False).stdout.strip()
-    parts = sorted(archive_digest(archive) for archive in archives)
+    parts = sorted(image.identity for image in images)
     return hashlib.sha256(json.dumps([version, parts]).encode()).hexdigest()[:24]
 
 
-def ensure(cache: Path, archives: Sequence[Path], build: Callable[[Path], None]) -> Path:
-    """The seed root for ``archives``; ``build(root)`` fills a new one when there is none."""
-    seed = cache / key(archives)
+def ensure(cache: Path, images: Sequence[Image], build: Callable[[Path], None]) -> Path:
+    """The seed root for ``images``; ``build(folder)`` fills a new one when there is none."""
+    seed = cache / key(images)
     if not (seed / "root").is_dir():
         building = cache / f".{seed.name}.{os.getpid()}"
         shutil.rmtree(building, ignore_errors=True)

@@ -1,15 +1,25 @@
-"""The images to load into real nodes, as OCI archives.
+"""The images to load into real nodes: OCI archives, or images in podman's storage.
 
 An argument is an OCI archive, a folder of them (``*.tar``), or the name of an image
-in podman's (containers-storage) store, which ``skopeo`` copies to an archive first,
-kept under the cache by image ID: an image that has not changed is not copied again.
+in podman's (containers-storage) store. Each is known by what names its content: an
+archive by the digest of its ``index.json``, a stored image by its name and ID, so the
+seed that holds it is found without copying anything (imagecache). Only to fill a new
+seed is a stored image copied out, by ``skopeo``, into an OCI layout folder that
+containerd reads as the archive it would be and that is removed at once: no archive of
+the server's gigabytes is kept, and none is written, which would first cost skopeo a
+temporary copy of the same size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
 import re
+import shutil
 import subprocess
-from collections.abc import Sequence
+import tarfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from asrpool.common import processes
@@ -18,36 +28,58 @@ INSPECT_TIMEOUT = 120.0  # podman waits for its store's lock while an image buil
 COPY_TIMEOUT = 1800.0
 
 
-def archives(sources: Sequence[str], cache: Path) -> list[Path]:
-    found: list[Path] = []
+@dataclasses.dataclass(frozen=True)
+class Image:
+    """An archive (``name`` is its path) or a stored image; ``identity`` names its content."""
+
+    name: str
+    identity: str
+    stored: bool
+
+
+def resolve(sources: Sequence[str]) -> list[Image]:
+    found: list[Image] = []
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            found += sorted(path.glob("*.tar"))
+            found += [_archive(archive) for archive in sorted(path.glob("*.tar"))]
         elif path.is_file():
-            found.append(path)
+            found.append(_archive(path))
         else:
-            found.append(_from_storage(source, cache))
+            found.append(Image(source, f"{source}@{_image_id(source)}", stored=True))
     return found
 
 
-def _from_storage(name: str, cache: Path) -> Path:
-    image_id = _image_id(name)
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-    archive = cache / f"{safe}@{image_id[:16]}.tar"
-    if archive.is_file():
-        return archive
-    cache.mkdir(parents=True, exist_ok=True)
-    for old in cache.glob(f"{safe}@*.tar"):  # the same name's earlier builds
-        old.unlink()
-    partial = archive.with_suffix(".part")
-    result = _run(["skopeo", "copy", "--quiet", f"containers-storage:{name}",
-                   f"oci-archive:{partial}:{name}"], COPY_TIMEOUT)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise processes.StartError(f"image {name}: {result.stderr.strip()}")
-    partial.rename(archive)
-    return archive
+@contextlib.contextmanager
+def layout(image: Image, scratch: Path) -> Iterator[Path]:
+    """A stored image as an OCI layout folder under ``scratch``, removed afterwards."""
+    folder = scratch / re.sub(r"[^A-Za-z0-9_.-]+", "_", image.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = _run(["skopeo", "copy", "--quiet", f"containers-storage:{image.name}",
+                       f"oci:{folder}:{image.name}"], COPY_TIMEOUT)
+        if result.returncode != 0:
+            raise processes.StartError(f"image {image.name}: {result.stderr.strip()}")
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def archive_digest(archive: Path) -> str:
+    """The sha256 of the archive's ``index.json`` (which names every blob by digest)."""
+    try:
+        with tarfile.open(archive) as tar:
+            member = tar.extractfile("index.json")
+            if member is None:
+                raise KeyError("index.json")
+            return hashlib.sha256(member.read()).hexdigest()
+    except (OSError, KeyError, tarfile.TarError) as exc:
+        raise processes.StartError(f"{archive} is not an OCI archive: {exc}") from exc
+
+
+def _archive(path: Path) -> Image:
+    return Image(str(path), archive_digest(path), stored=False)
 
 
 def _image_id(name: str) -> str:

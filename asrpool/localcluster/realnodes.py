@@ -35,6 +35,7 @@ from asrpool.localcluster import (
     containerd,
     controlplane,
     imagecache,
+    images,
     kubelets,
     netns,
 )
@@ -197,21 +198,26 @@ class RealNode:
                              f"{self.name}'s containerd", [child])
         return child
 
-    def fill_seed(self, archives: Sequence[Path]) -> Callable[[Path], None]:
-        """What imports ``archives`` into a seed root under a folder, in this node."""
+    def fill_seed(self, wanted: Sequence[images.Image]) -> Callable[[Path], None]:
+        """What imports ``wanted`` into a seed root under a folder, in this node (a
+        stored image goes through an OCI layout folder there, removed once imported)."""
         def fill(directory: Path) -> None:
             assert self.holder is not None
             paths = containerd.Paths(directory, self.holder.process.pid, "seed")
             child = self._start_containerd(paths, cni.write(self.net, directory / "cni"))
             try:
                 names: set[str] = set()
-                for archive in archives:
-                    names |= containerd.import_archive(paths, archive)
+                for image in wanted:
+                    if not image.stored:
+                        names |= containerd.import_archive(paths, Path(image.name))
+                        continue
+                    with images.layout(image, directory / "export") as layout:
+                        names |= containerd.import_layout(paths, layout)
                 containerd.keep_only(paths, names)  # a previous seed's other images
             finally:
                 child.stop(STOP_TIMEOUT)
                 self.children.remove(child)
-            for leftover in (paths.state, paths.runc_root, directory / "cni"):
+            for leftover in (paths.state, paths.runc_root, directory / "cni", directory / "export"):
                 shutil.rmtree(leftover, ignore_errors=True)
         return fill
 
@@ -277,8 +283,13 @@ class RealNode:
         self.children.clear()
         self.cgroup.kill()
         if self.holder is not None:
+            root = self.runtime.root
             self.holder.stop(STOP_TIMEOUT)
             self.holder = None
+            # A hard-linked copy of the seed: kept in a folder that outlives the cluster
+            # (--workdir, a test's), it would hold the seed's gigabytes on disk after
+            # imagecache replaced the seed. Its mounts went with the holder.
+            shutil.rmtree(root, ignore_errors=True)
         return self.cgroup.remove()
 
 
@@ -320,7 +331,7 @@ class RealNodes:
         self.came_from = self.plane.join()
         netns.create(self.net)
 
-    def start(self, access: controlplane.Access, archives: Sequence[Path]) -> float:
+    def start(self, access: controlplane.Access, wanted: Sequence[images.Image]) -> float:
         """DNS and every node's runtime, images and kubelet; the seconds the images took
         (to import them into a new seed, or to find it)."""
         self.kubeconfig = self.workdir / "node.kubeconfig"
@@ -331,8 +342,8 @@ class RealNodes:
         with futures.ThreadPoolExecutor(len(self.nodes)) as pool:
             list(pool.map(lambda node: node.start_namespaces(), self.nodes))
             began = time.monotonic()
-            seed = imagecache.ensure(self.image_cache, archives,
-                                     self.nodes[0].fill_seed(archives))
+            seed = imagecache.ensure(self.image_cache, wanted,
+                                     self.nodes[0].fill_seed(wanted))
             loaded = time.monotonic() - began
             list(pool.map(lambda node: node.start_runtime(seed), self.nodes))
         proxy = self.workdir / "kube-proxy.kubeconfig"

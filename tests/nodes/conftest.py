@@ -26,11 +26,11 @@ from tests.support import imagebuilds, processes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-SETUP_TIMEOUT = 1200.0
+SETUP_TIMEOUT = 1500.0
 TOOLS = ROOT / "tools" / "cluster"
 CONTROL_IMAGE = "ghcr.io/asrpool/asrpool-control:0.1.0"  # tools/images/build makes it
 PROJECT_IMAGES = ("control", "server", "redis")  # tools/images/build's names for them
-START_TIMEOUT = 400.0
+START_TIMEOUT = 1000.0  # the first start on a machine fills the seed (imagecache): minutes
 STOP_TIMEOUT = 90.0
 
 

@@ -1,5 +1,5 @@
-"""After a real-node cluster stops, the host is as it was before it started; a node that
-never gets Ready says why.
+"""After a real-node cluster stops, the host is as it was before it started (and its kept
+folder holds no copy of the images); a node that never gets Ready says why.
 
 Named to run last in this folder: it stops the session's cluster.
 """
@@ -24,6 +24,10 @@ def test_stopping_leaves_the_host_as_it_found_it(
     cluster.kubectl("wait", "--for=condition=Ready", "pod/last", "--timeout=90s", timeout=100)
     assert running.stop() == 0, running.log.read_text(errors="replace")[-2000:]
     assert hoststate.differences(host_before, hoststate.take()) == {}
+    # The kept folder keeps the logs, not the nodes' copies of the seed (which would
+    # hold its gigabytes on disk once a changed image replaced it).
+    assert len(list(cluster.state.glob("node-*/logs/kubelet.log"))) == 2
+    assert list(cluster.state.glob("node-*/containerd/root")) == []
 
 
 BROKEN_KUBELET = """#!/bin/sh
