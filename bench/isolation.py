@@ -26,19 +26,21 @@ import numpy as np
 import torch
 
 from asrpool.bench import devices
+from asrpool.common import protocol
 from asrpool.server import engine, models
 
-FRAME_SIZE = engine.FRAME_SIZE
+FRAME_SIZE = protocol.FRAME_SIZE
+SAMPLE_RATE = protocol.SAMPLE_RATE
 Plan = list[list[tuple[str, int]]]  # per step: ('join'|'reset'|'leave'|'frame', slot)
 
 
 def speechlike(seconds: float, seed: int) -> np.ndarray:
     """Noise shaped by a random syllable-rate envelope plus a wandering tone (24 kHz)."""
     rng = np.random.default_rng(seed)
-    n = int(seconds * 24_000) // FRAME_SIZE * FRAME_SIZE
-    t = np.arange(n) / 24_000
+    n = int(seconds * SAMPLE_RATE) // FRAME_SIZE * FRAME_SIZE
+    t = np.arange(n) / SAMPLE_RATE
     envelope = np.abs(np.sin(2 * np.pi * rng.uniform(2, 5) * t + rng.uniform(0, 6)))
-    tone = np.sin(2 * np.pi * np.cumsum(rng.uniform(100, 400, n)) / 24_000)
+    tone = np.sin(2 * np.pi * np.cumsum(rng.uniform(100, 400, n)) / SAMPLE_RATE)
     return (0.2 * envelope * (0.5 * rng.standard_normal(n) + tone)).astype(np.float32)
 
 
@@ -84,7 +86,7 @@ def run_batched(eng: engine.BatchedEngine, plan: Plan,
     sessions: list[Session] = []
     current: dict[int, Session] = {}
     audio: dict[int, np.ndarray] = {}
-    seconds = len(plan) * FRAME_SIZE / 24_000 + 1
+    seconds = len(plan) * FRAME_SIZE / SAMPLE_RATE + 1
     for actions in plan:
         frames = {}
         for action, slot in actions:

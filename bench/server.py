@@ -36,8 +36,10 @@ import msgpack
 import numpy as np
 from websockets.asyncio import client as ws_client
 
-SAMPLE_RATE = 24_000
-FRAME = 1920
+from asrpool.common import protocol
+
+SAMPLE_RATE = protocol.SAMPLE_RATE
+FRAME = protocol.FRAME_SIZE
 FRAME_SECONDS = FRAME / SAMPLE_RATE
 
 

@@ -28,7 +28,7 @@ from asrpool.server import events as ev
 from asrpool.server import models
 from asrpool.server.models import LoadedModel
 
-FRAME_SIZE = 1920
+FRAME_SIZE = protocol.FRAME_SIZE
 
 
 class EngineInputError(ValueError):

@@ -13,7 +13,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-FRAME_RATE = 12.5
+from asrpool.common import protocol
+
+FRAME_RATE = protocol.FRAME_RATE
 END_OF_PADDING = 0
 PADDING = 3
 

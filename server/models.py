@@ -24,10 +24,10 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 from moshi.utils import compile as moshi_compile
 
-from asrpool.common import weights
+from asrpool.common import protocol, weights
 from asrpool.server import codebooks, tokenizers
 
-FRAME_RATE = 12.5
+FRAME_RATE = protocol.FRAME_RATE
 
 
 class ModelError(ValueError):

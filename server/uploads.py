@@ -24,7 +24,7 @@ from starlette import requests
 from asrpool.common import bodies, protocol
 from asrpool.server import decoding, handles, outcomes, pods
 
-FLUSH_SAMPLES = 240_000  # moshi-server's 10 s of silence after the marker
+FLUSH_SAMPLES = 10 * protocol.SAMPLE_RATE  # moshi-server's 10 s of silence after the marker
 _CHUNK = protocol.SAMPLE_RATE  # fed one second at a time, each when there is room
 _SLOT_WAIT_SECONDS = 30.0
 _SLOT_POLL_SECONDS = 0.1
