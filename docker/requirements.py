@@ -50,14 +50,14 @@ def requirements(image: str, pyproject: Path) -> list[str]:
     raise ValueError(f"unknown image {image!r}: control or server")
 
 
-# The server's 7.8 GB of packages in layers of at most about 2.5 GB each: committing a layer
+# The server's 7.8 GB of packages in layers of at most about 2.7 GB each: committing a layer
 # takes twice its size in temporary files (buildah and containers/image each keep a copy
 # until it is stored), so one layer of everything needed some 20 GB free beside the image.
 # Each entry: what it holds (with its size for torch 2.9.1), and the distributions in it.
 LAYERS: list[tuple[str, Callable[[str], bool]]] = [
-    ("cuDNN and cuBLAS, 1.8 GB", lambda name: name in {"nvidia-cudnn-cu12", "nvidia-cublas-cu12"}),
-    ("the other CUDA libraries, 2.5 GB", lambda name: name.startswith("nvidia-")),
-    ("torch and triton, 2.3 GB", lambda name: name in {"torch", "triton"}),
+    ("cuDNN and cuBLAS, 1.95 GB", lambda name: name in {"nvidia-cudnn-cu12", "nvidia-cublas-cu12"}),
+    ("the other CUDA libraries, 2.65 GB", lambda name: name.startswith("nvidia-")),
+    ("torch and triton, 2.4 GB", lambda name: name in {"torch", "triton"}),
 ]
 
 
@@ -68,7 +68,7 @@ def layer_of(name: str) -> int | None:
 
 def layers(report: dict[str, Any]) -> list[str]:
     """One line of ``name==version`` pins per entry of LAYERS, from ``pip install --dry-run
-    --report``'s JSON; the rest (about 1 GB) is left to the install of the requirements."""
+    --report``'s JSON; the rest (0.6 GB) is left to the install of the requirements."""
     lines: list[list[str]] = [[] for _ in LAYERS]
     for item in report["install"]:
         name = distribution(item["metadata"]["name"])

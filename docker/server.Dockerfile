@@ -63,7 +63,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/asrpool/bin:$PATH \
     HF_HOME=/models
 COPY --from=requirements /requirements.txt /layers.txt /opt/
-# Some 7.8 GB of packages in four layers, none over about 2.5 GB: committing a layer takes
+# Some 7.8 GB of packages in four layers, none over about 2.7 GB: committing a layer takes
 # twice its size in temporary disk, so one layer of it all needed 20 GB free to build.
 # Each of the first three installs one line of /opt/layers.txt (CUDA libraries, torch)
 # without dependencies; the fourth installs the requirements, which finds those in place.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -144,14 +145,14 @@ def import_layout(paths: Paths, layout: Path) -> set[str]:
     """An OCI layout folder's images, imported from the archive of it that tar streams to
     ``ctr`` (none is written); the names it holds."""
     entries = sorted(entry.name for entry in layout.iterdir())
-    with subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", *entries],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
-        said = ctr(paths, "images", "import", "-", timeout=IMPORT_TIMEOUT, stdin=tar.stdout)
-        assert tar.stdout is not None and tar.stderr is not None
-        tar.stdout.close()
-        problem = tar.stderr.read().decode(errors="replace").strip()
-    if tar.returncode != 0:
-        raise processes.StartError(f"tar of {layout}: {problem}")
+    with tempfile.TemporaryFile() as problems:
+        with subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", *entries],
+                              stdout=subprocess.PIPE, stderr=problems) as tar:
+            said = ctr(paths, "images", "import", "-", timeout=IMPORT_TIMEOUT, stdin=tar.stdout)
+        if tar.returncode != 0:
+            problems.seek(0)
+            raise processes.StartError(
+                f"tar of {layout}: {problems.read().decode(errors='replace').strip()}")
     return set(IMPORTED.findall(said))
 
 
