@@ -18,6 +18,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _registrars() -> list[Registrar]:
+    from asrpool.bench import cli as bench_cli
     from asrpool.client import cli as client_cli
     from asrpool.operator import cli as operator_cli
     from asrpool.plan import cli as plan_cli
@@ -25,7 +26,7 @@ def _registrars() -> list[Registrar]:
     from asrpool.server import cli as server_cli
 
     return [server_cli.register, router_cli.register, operator_cli.register, client_cli.register,
-            plan_cli.register]
+            plan_cli.register, bench_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

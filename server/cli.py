@@ -1,4 +1,4 @@
-"""Subcommands of the server part: ``serve``, ``fetch-model``, ``transcribe`` and ``bench``."""
+"""Subcommands of the server part: ``serve``, ``fetch-model`` and ``transcribe``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve_cli.add_parser(subparsers)
     fetching.add_parser(subparsers)
     _add_transcribe(subparsers)
-    _add_bench(subparsers)
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,18 +64,3 @@ def _transcribe(args: argparse.Namespace) -> int:
         elif isinstance(word, events.Word):
             print(f"{word.start_time:7.2f}  {word.text}")
     return 0
-
-
-def _add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("bench", help="run a benchmark and write JSON results")
-    parser.add_argument("target", choices=[
-        "engine", "server", "router", "capacity", "isolation", "queue", "soak"])
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark")
-    parser.set_defaults(handler=_bench)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    import importlib
-
-    module = importlib.import_module(f"asrpool.bench.{args.target}")
-    return int(module.main(args.rest))
