@@ -4,51 +4,18 @@ writes its JSON results (each benchmark's own ``--help`` lists its options)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 
 Main = Callable[[list[str]], int]
+# The modules of this package that are benchmarks, each imported only when it runs
+# (engine, capacity and isolation load torch).
+BENCHMARKS = ("engine", "server", "router", "capacity", "isolation", "queue", "soak")
 
 
-def _engine() -> Main:
-    from asrpool.bench import engine
-    return engine.main
-
-
-def _server() -> Main:
-    from asrpool.bench import server
-    return server.main
-
-
-def _router() -> Main:
-    from asrpool.bench import router
-    return router.main
-
-
-def _capacity() -> Main:
-    from asrpool.bench import capacity
-    return capacity.main
-
-
-def _isolation() -> Main:
-    from asrpool.bench import isolation
-    return isolation.main
-
-
-def _queue() -> Main:
-    from asrpool.bench import queue
-    return queue.main
-
-
-def _soak() -> Main:
-    from asrpool.bench import soak
-    return soak.main
-
-
-# Each benchmark is imported only when it runs: engine, capacity and isolation load torch.
-BENCHMARKS: dict[str, Callable[[], Main]] = {
-    "engine": _engine, "server": _server, "router": _router, "capacity": _capacity,
-    "isolation": _isolation, "queue": _queue, "soak": _soak,
-}
+def main_of(target: str) -> Main:
+    main: Main = importlib.import_module(f"{__package__}.{target}").main
+    return main
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,4 +26,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    return int(BENCHMARKS[args.target]()(args.rest))
+    return int(main_of(args.target)(args.rest))
