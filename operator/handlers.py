@@ -33,6 +33,7 @@ from asrpool.operator import (
 
 POOL = (naming.GROUP, naming.VERSION, naming.PLURAL)
 API_RETRY_SECONDS = 5
+DELETION_POLLING_SECONDS = 1.0
 
 
 def build_registry(config: settings.OperatorSettings) -> kopf.OperatorRegistry:
@@ -45,12 +46,16 @@ def build_registry(config: settings.OperatorSettings) -> kopf.OperatorRegistry:
 
 def configure(kopf_settings: kopf.OperatorSettings) -> None:
     """Keep kopf's bookkeeping in ``asrpool.io/`` annotations: the status schema is strict,
-    and only explicit events (not every log line) go to the pools."""
+    only explicit events (not every log line) go to the pools, and a deleted pool is let
+    go within a second of its running pass's end."""
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=naming.GROUP)
     kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=naming.GROUP, key="last-handled-configuration")
     kopf_settings.posting.level = logging.WARNING
+    # A pool deleted while its resync pass runs keeps kopf's finalizer until the pass
+    # returns, and kopf looks again only after this many seconds (60 by default).
+    kopf_settings.background.cancellation_polling = DELETION_POLLING_SECONDS
 
 
 def _register_lifecycle(registry: kopf.OperatorRegistry, config: settings.OperatorSettings) -> None:

@@ -14,6 +14,7 @@ kmock keeps objects as plain JSON merged by patches. On top of that, :class:`Emu
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import itertools
@@ -55,8 +56,21 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 class Emulator(kmock.KubernetesEmulator):
     pool_schema: Mapping[str, Any] | None = None
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # A resource whose requests take ``stall_seconds`` each, and a flag set by the first.
+    stalled_resource: kmock.resource | None = None
+    stall_seconds: float = 0.0
+    stalled: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+
+    def stall(self, resource: kmock.resource, seconds: float) -> None:
+        """Every request for ``resource`` from now on takes ``seconds``: a pass in
+        progress that a test can wait for (:attr:`stalled`)."""
+        self.stalled_resource, self.stall_seconds = resource, seconds
+        self.stalled.clear()
 
     async def _handle(self, request: rendering.Request) -> Any:
+        if self.stalled_resource is not None and request.resource == self.stalled_resource:
+            self.stalled.set()
+            await asyncio.sleep(self.stall_seconds)
         if request.resource is not None and isinstance(request.data, dict):
             if _is_apply(request) and not self._current(request):
                 # Server-side apply creates what is missing. kmock merges an apply like

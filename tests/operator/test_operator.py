@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -191,6 +192,19 @@ async def test_deleting_a_pool_leaves_its_children_to_the_garbage_collector(
     for resource, name in checks.KINDS.items():
         assert cluster.get(resource, NS, name) is None
 
+
+async def test_a_pool_deleted_during_a_pass_is_released_when_the_pass_ends(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    """kopf keeps the finalizer until the resync timer's pass returns, then looks again
+    after ``background.cancellation_polling``: 60 s by default, so a pool deleted mid-pass
+    stayed Terminating for a minute (a real control plane's kubectl delete timed out)."""
+    await checks.created(cluster)
+    await eventually(lambda: checks.condition(cluster, "Ready"))
+    cluster.emulator.stall(emulator.DEPLOYMENTS, 2.0)
+    await asyncio.wait_for(cluster.emulator.stalled.wait(), 10)  # a resync pass is running
+    await cluster.delete(kube.POOLS, NS, "stt")
+    await eventually(lambda: checks.assert_gone(cluster), timeout=20)  # well short of 60 s
 
 async def test_autoscaling_follows_the_streams(
     cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
