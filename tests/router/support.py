@@ -98,7 +98,9 @@ class Process:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, **(self.env or {})}
+        # faulthandler: a process stuck past terminate's timeout writes its threads'
+        # stacks to its log on the SIGABRT sent before SIGKILL.
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(self.env or {})}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -115,9 +117,17 @@ class Process:
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self._dump_stacks_and_kill()
         return self.proc.returncode
+
+    def _dump_stacks_and_kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGABRT)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

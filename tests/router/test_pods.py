@@ -158,7 +158,10 @@ async def test_router_killed_mid_stream_resumes_through_another(
     """A client of a SIGKILLed router reconnects to another router with its resume token,
     lands on the same pod and slot, and its transcript is the one it gets alone."""
     pod = support.pod(redis_server.url, tmp_path, "only", slots=2)
-    first, second = (support.router(redis_server.url, tmp_path) for _ in range(2))
+    # The first at info: its log shows how far its shutdown got (once, in CI, it did
+    # not end within terminate's 20 s and was killed; never seen since).
+    first = support.router(redis_server.url, tmp_path, "--log-level", "info")
+    second = support.router(redis_server.url, tmp_path)
     with running(pod, first, second):
         wait_for_pods(first, 1)
         pcm = audio(7, seconds=3.0)
@@ -345,7 +348,10 @@ async def test_a_router_shutting_down_leaves_its_streams_resumable(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     pod = support.pod(redis_server.url, tmp_path, "stays", slots=2)
-    first, second = (support.router(redis_server.url, tmp_path) for _ in range(2))
+    # The first at info: its log shows how far its shutdown got (once, in CI, it did
+    # not end within terminate's 20 s and was killed; never seen since).
+    first = support.router(redis_server.url, tmp_path, "--log-level", "info")
+    second = support.router(redis_server.url, tmp_path)
     with running(pod, first, second):
         wait_for_pods(first, 1)
         opened = await support.connect(first.ws_url)
@@ -353,7 +359,7 @@ async def test_a_router_shutting_down_leaves_its_streams_resumable(
         # In a thread: this loop must answer the router's close handshake meanwhile
         # (blocked, it left the router waiting out its close timeout, killed once).
         stopped = await asyncio.to_thread(first.terminate)
-        assert stopped in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+        assert stopped in (0, -signal.SIGTERM), first.log()  # uvicorn re-raises the signal
         await support.until_closed(opened.ws)
         assert opened.ws.close_code == 1012
         again = await support.connect(
