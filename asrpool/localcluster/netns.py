@@ -111,9 +111,12 @@ def check_free(net: ClusterNet) -> None:
                 "is another real-node cluster running?")
 
 
-def create(net: ClusterNet) -> None:
-    """The bridge, then every node's namespace, link, address and routes."""
+def create(net: ClusterNet) -> bool:
+    """The bridge, then every node's namespace, link, address and routes. Says whether
+    /run/netns became a mount point meanwhile (iproute2's first ``ip netns add`` on a
+    host bind-mounts it on itself), for :func:`remove` to undo."""
     check_free(net)
+    mounted_before = netns_dir_mounted()
     ip("link", "add", net.bridge, "type", "bridge")
     _write(Path(f"/proc/sys/net/ipv6/conf/{net.bridge}/disable_ipv6"), "1")
     ip("addr", "add", f"{HOST_ADDRESS}/24", "dev", net.bridge)
@@ -122,6 +125,12 @@ def create(net: ClusterNet) -> None:
         _create_node(net, node)
     for node in net.nodes:
         ip("route", "add", node.pod_network, "via", node.address, "dev", net.bridge)
+    return not mounted_before and netns_dir_mounted()
+
+
+def netns_dir_mounted() -> bool:
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    return any(line.split()[1:2] == [str(NETNS_DIR)] for line in mounts)
 
 
 def _create_node(net: ClusterNet, node: NodeNet) -> None:
@@ -144,8 +153,9 @@ def _create_node(net: ClusterNet, node: NodeNet) -> None:
           "net.bridge.bridge-nf-call-iptables=1"])
 
 
-def remove(net: ClusterNet) -> list[str]:
-    """Remove what :func:`create` made (whatever of it exists); the errors, if any."""
+def remove(net: ClusterNet, netns_dir_mount: bool = False) -> list[str]:
+    """Remove what :func:`create` made (whatever of it exists), the mount of /run/netns
+    too if it made that and nothing else holds a namespace there; the errors, if any."""
     errors: list[str] = []
     for node in net.nodes:
         if node.namespace_path.exists():
@@ -155,6 +165,8 @@ def remove(net: ClusterNet) -> list[str]:
             _collect(errors, ["ip", "link", "del", node.host_link])
     if Path(f"/sys/class/net/{net.bridge}").exists():
         _collect(errors, ["ip", "link", "del", net.bridge])
+    if netns_dir_mount and netns_dir_mounted() and not any(NETNS_DIR.iterdir()):
+        _collect(errors, ["umount", str(NETNS_DIR)])
     return errors
 
 

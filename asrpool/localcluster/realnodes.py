@@ -308,6 +308,7 @@ class RealNodes:
         self.kubeconfig: Path | None = None
         self.plane = cgroups.NodeCgroup(plane_cgroup(cluster))
         self.came_from: Path | None = None
+        self.mounted_netns_dir = False  # by this cluster (netns.create), to undo on stop
 
     @property
     def address(self) -> str:
@@ -329,7 +330,7 @@ class RealNodes:
                     f"a stale real-node cluster ({cluster}) could not be removed: {problems}")
         self.plane.create()
         self.came_from = self.plane.join()
-        netns.create(self.net)
+        self.mounted_netns_dir = netns.create(self.net)
 
     def start(self, access: controlplane.Access, wanted: Sequence[images.Image]) -> float:
         """DNS and every node's runtime, images and kubelet; the seconds the images took
@@ -397,7 +398,7 @@ class RealNodes:
     def remove_network(self) -> list[str]:
         """The network, then this process back where it was and the plane's cgroup
         removed (anything still in it killed first)."""
-        left = netns.remove(self.net)
+        left = netns.remove(self.net, self.mounted_netns_dir)
         if self.came_from is not None:
             cgroups.return_to(self.came_from)
             self.came_from = None

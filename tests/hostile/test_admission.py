@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -119,10 +120,12 @@ def router(module_redis: RedisServer, pod: servers.ServerProcess,
 @pytest.fixture(autouse=True)
 async def _nothing_left(router: support.RouterProcess, pod: servers.ServerProcess,
                         proxy: GatedProxy, module_redis: RedisServer) -> AsyncIterator[None]:
-    """Each test starts and ends with a free slot, an empty queue, no session record."""
+    """Each test starts and ends with a free slot, an empty queue, no session record, and
+    the pod admitting again (after a Redis restart, from its next heartbeat on)."""
     yield
     proxy.gate.set()
     await support.async_wait_until(lambda: _idle(pod), 10, "the pod's slot to be free")
+    await support.async_wait_until(lambda: _offered(router), 20, "the pod's slot on offer")
     await support.async_wait_until(lambda: _waiting(router, 0), 10, "an empty queue")
     try:
         await support.async_wait_until(lambda: _nothing_held(module_redis), 10, "no records")
@@ -149,6 +152,13 @@ async def _upgrade(port: int, *headers: str) -> asyncio.StreamWriter:
 async def _waiting(router: support.RouterProcess, count: int) -> bool:
     status, body = await asyncio.to_thread(support.http_get, router.url + "/api/pools")
     return status == 200 and f'"waiting":{count}' in body.decode().replace(" ", "")
+
+
+async def _offered(router: support.RouterProcess) -> bool:
+    """The router sees the pod's one slot free (its heartbeat is in Redis)."""
+    status, body = await asyncio.to_thread(support.http_get, router.url + "/api/pools")
+    pods = json.loads(body)["pools"].get("default", {}).get("pods", []) if status == 200 else []
+    return [p["free_slots"] for p in pods] == [1]
 
 
 async def _idle(pod: servers.ServerProcess) -> bool:
@@ -222,7 +232,8 @@ async def _dropped_resumable_stream(router: support.RouterProcess,
                                     redis_server: RedisServer) -> support.Opened:
     """A stream with 3 frames of audio whose client dropped: detached, held by the pod."""
     opened = await support.connect(router.ws_url, {protocol.RESUMABLE_HEADER: "1"})
-    assert (await support.first_message(opened.ws))["type"] == "Ready"
+    first = await support.first_message(opened.ws)
+    assert first["type"] == "Ready", first
     await opened.ws.send(kyutai_client.audio(np.zeros(1920 * 3, dtype=np.float32)))
     await asyncio.sleep(0.5)  # for the pod to take the audio in
     opened.ws.transport.abort()
