@@ -206,6 +206,7 @@ async def test_a_pool_deleted_during_a_pass_is_released_when_the_pass_ends(
     await cluster.delete(kube.POOLS, NS, "stt")
     await eventually(lambda: checks.assert_gone(cluster), timeout=20)  # well short of 60 s
 
+
 async def test_autoscaling_follows_the_streams(
     cluster: emulator.Cluster, operator: KopfRunner, redis_server: redis_servers.RedisServer
 ) -> None:

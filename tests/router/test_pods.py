@@ -158,10 +158,7 @@ async def test_router_killed_mid_stream_resumes_through_another(
     """A client of a SIGKILLed router reconnects to another router with its resume token,
     lands on the same pod and slot, and its transcript is the one it gets alone."""
     pod = support.pod(redis_server.url, tmp_path, "only", slots=2)
-    # The first at info: its log shows how far its shutdown got (once, in CI, it did
-    # not end within terminate's 20 s and was killed; never seen since).
-    first = support.router(redis_server.url, tmp_path, "--log-level", "info")
-    second = support.router(redis_server.url, tmp_path)
+    first, second = (support.router(redis_server.url, tmp_path) for _ in range(2))
     with running(pod, first, second):
         wait_for_pods(first, 1)
         pcm = audio(7, seconds=3.0)
