@@ -7,11 +7,13 @@ strings, so that a child read back compares equal to what was built.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
 from typing import Any
 
+from asrpool.common import auth, podtokens
 from asrpool.operator import naming, pools, settings, sources, templates
 
 KEYS_DIR = pools.KEYS_DIR
@@ -19,26 +21,57 @@ Child = dict[str, Any]
 
 
 def build_all(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
-    """Every child of the pool, the ConfigMap first (the pods read it)."""
-    pool = with_default_pod_token(pool, config)
+    """Every child of the pool, those its pods read first (ConfigMap, pod token Secret)."""
+    pool = with_pod_token(pool, config)
     config_map = build_config_map(pool, config)
+    read = [config_map, *([build_pod_token_secret(pool, config)] if owns_pod_token(pool, config)
+                          else [])]
     return [
-        config_map,
-        build_deployment(pool, config, config_hash(config_map)),
+        *read,
+        build_deployment(pool, config, config_hash(*read)),
         build_service(pool),
         build_disruption_budget(pool),
         *([build_network_policy(pool, config)] if config.network_policy else []),
     ]
 
 
-def with_default_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> pools.Pool:
-    """A pool that names no pod token gets the operator's default one (the chart's
-    generated Secret, present in every pool namespace it knows), so that no pool's pods
-    take streams from anyone but the routers unless told to."""
-    if pool.pod_token is not None or not config.default_pod_token_secret:
+def owns_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> bool:
+    """Whether the pool's pod token is the operator's to write (from its seed)."""
+    return config.pod_token_seed is not None and pool.pod_token == _own_token(pool)
+
+
+def with_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> pools.Pool:
+    """With a seed, every pool's pods take the token the routers derive for that pool
+    (common.podtokens), from a Secret the operator writes in the pool's namespace: no
+    token is shared across namespaces, and no pool's pods take streams from anyone but
+    the routers. A pool that names its own Secret then is invalid: the routers would
+    never send that token."""
+    if config.pod_token_seed is None:
         return pool
-    default = pools.SecretKey(config.default_pod_token_secret, config.default_pod_token_key)
-    return dataclasses.replace(pool, pod_token=default)
+    if pool.pod_token is not None and pool.pod_token != _own_token(pool):
+        raise pools.InvalidPool(
+            "spec.auth.podTokenSecret: this operator gives each pool its own pod token (its"
+            f" Secret {_own_token(pool).name}), which is what the routers send; leave"
+            " podTokenSecret out")
+    return dataclasses.replace(pool, pod_token=_own_token(pool))
+
+
+def _own_token(pool: pools.Pool) -> pools.SecretKey:
+    return pools.SecretKey(naming.pod_token_secret(pool.name), naming.POD_TOKEN_KEY)
+
+
+def build_pod_token_secret(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
+    """The pool's own pod token (:func:`with_pod_token`), for its pods' ASRPOOL_POD_TOKEN."""
+    seed = auth.revealed(config.pod_token_seed)
+    assert seed is not None, "only with a seed"
+    token = podtokens.for_pool(seed, pool.registry_name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(pool, naming.pod_token_secret(pool.name)),
+        "type": "Opaque",
+        "data": {naming.POD_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
 
 
 def build_config_map(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
@@ -70,9 +103,10 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
     return env
 
 
-def config_hash(config_map: Child) -> str:
-    """A digest of the ConfigMap's data: in the pod template, so a change rolls the pods."""
-    text = json.dumps(config_map["data"], sort_keys=True)
+def config_hash(*read: Child) -> str:
+    """A digest of the data the pods read (the ConfigMap, the pod token's Secret): in the
+    pod template, so a change rolls the pods."""
+    text = json.dumps([child["data"] for child in read], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

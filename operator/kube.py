@@ -41,6 +41,7 @@ class Kind:
 
 
 CONFIG_MAPS = Kind("v1", "configmaps")
+SECRETS = Kind("v1", "secrets")
 SERVICES = Kind("v1", "services")
 PODS = Kind("v1", "pods")
 DEPLOYMENTS = Kind("apps/v1", "deployments")
@@ -49,6 +50,7 @@ NETWORK_POLICIES = Kind("networking.k8s.io/v1", "networkpolicies")
 POOLS = Kind("asrpool.io/v1alpha1", "streamingasrpools")
 _BY_KIND = {
     ("v1", "ConfigMap"): CONFIG_MAPS,
+    ("v1", "Secret"): SECRETS,
     ("v1", "Service"): SERVICES,
     ("v1", "Pod"): PODS,
     ("apps/v1", "Deployment"): DEPLOYMENTS,

@@ -58,3 +58,10 @@ def config_map(pool_name: str) -> str:
 
 def network_policy(pool_name: str) -> str:
     return pool_name
+
+
+def pod_token_secret(pool_name: str) -> str:
+    return f"{pool_name}-pod-token"
+
+
+POD_TOKEN_KEY = "token"  # the key of the token in that Secret

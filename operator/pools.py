@@ -242,12 +242,14 @@ def check(pool: Pool) -> None:
 
 def check_auth(pool: Pool) -> None:
     """Pods with API keys let in a router only by its pod token: the router checks the
-    client's key and never forwards it. Checked once the operator's default token (if
-    any) is applied (children.with_default_pod_token)."""
+    client's key and never forwards it. Checked once the operator's own token (if it
+    has a seed) is applied (children.with_pod_token)."""
     if pool.api_keys is not None and pool.pod_token is None:
         raise InvalidPool(
-            "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret (the routers' token):"
-            " the router checks API keys and its streams reach keyed pods only with the"
+            "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret (the routers' token),"
+            " or an operator with a pod token seed (ASRPOOL_POD_TOKEN_SEED), which gives"
+            " each pool its own: the router checks API keys and its streams reach keyed pods"
+            " only with the"
             " token, so without it every client would be refused"
         )
 

@@ -57,7 +57,7 @@ class Result:
 
 async def reconcile(context: Context, body: kopf.Body) -> Result:
     try:
-        pool = children.with_default_pod_token(pools.from_body(body), context.config)
+        pool = children.with_pod_token(pools.from_body(body), context.config)
         pools.check_auth(pool)
     except pools.InvalidPool as exc:
         return await _observe_invalid(context, body, str(exc))

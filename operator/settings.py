@@ -74,12 +74,12 @@ class OperatorSettings(redis_clients.RedisCredentials):
         default_factory=lambda: [dict(DEFAULT_ROUTER_PEER)],
         description="the peers its server port admits, as NetworkPolicy 'from' entries in"
         " JSON (default: router pods of any namespace)")
-    # The pod token of pools that name none (spec.auth.podTokenSecret): a Secret of this
-    # name in the pool's namespace. Empty: such pools' pods take any client.
-    default_pod_token_secret: str = pydantic.Field(
-        default="", description="Secret with the router-to-pod token for pools that name none"
-        " (in each pool's namespace; empty: none)")
-    default_pod_token_key: str = pydantic.Field(default="token", description="its key")
+    # Each pool's own pod token, derived from this seed as the routers derive it
+    # (common.podtokens), written into a Secret in the pool's namespace for its pods
+    # (children.build_pod_token_secret). A secret, so the variable only (ASRPOOL_POD_TOKEN_SEED,
+    # from the chart's Secret). None: pools' pods take the token their spec names, if any.
+    pod_token_seed: pydantic.SecretStr | None = pydantic.Field(
+        default=None, description="seed of each pool's own router-to-pod token")
     # Several replicas: the name of the kopf peering object (a KopfPeering in each
     # watched namespace, a ClusterKopfPeering with all_namespaces). The replica of the
     # highest priority acts and the others wait; none (the default) runs standalone.

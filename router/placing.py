@@ -65,7 +65,7 @@ async def place(
         # The dial is not cancelled when the client leaves meanwhile (it is bounded by
         # pod_connect_timeout_seconds): a link dropped half open would leave the pod holding
         # the slot for a resume; a link closed cleanly frees it at once.
-        outcome = await pods.open_stream(got.address, config)
+        outcome = await pods.open_stream(got.address, got.pool, config)
         if gone.is_set():
             return await _give_back(got, outcome, deps)
         if isinstance(outcome, pods.Opened):
@@ -130,7 +130,8 @@ async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | ref
     got = await _claim(request, deps.admissions, deps.config)
     if isinstance(got, admissions.Refused):
         return refusal_for(got, request, deps.config)
-    outcome = await pods.open_stream(got.address, deps.config, got.pod_resume_token)
+    outcome = await pods.open_stream(got.address, got.pool, deps.config,
+                                     got.pod_resume_token)
     if isinstance(outcome, pods.Opened):
         await attach(got, outcome, deps)
         return got, outcome

@@ -13,7 +13,7 @@ import logging
 
 import msgpack
 
-from asrpool.common import auth, protocol, rates
+from asrpool.common import protocol, rates
 from asrpool.router import links, settings
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,12 @@ class Unreachable:
 Outcome = Opened | Refused | Unreachable
 
 
-def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict[str, str]:
+def headers(config: settings.RouterSettings, pool: str,
+            pod_resume_token: str = "") -> dict[str, str]:
     """The router always asks the pod to keep a stream whose link drops: its own
     clients resume through any router."""
     out = {protocol.RESUMABLE_HEADER: "1"}
-    token = auth.revealed(config.pod_token)
+    token = config.pod_token_for(pool)
     if token is not None:
         out[protocol.POD_TOKEN_HEADER] = token
     if pod_resume_token:
@@ -63,13 +64,13 @@ def headers(config: settings.RouterSettings, pod_resume_token: str = "") -> dict
 
 
 async def open_stream(
-    address: str, config: settings.RouterSettings, pod_resume_token: str = ""
+    address: str, pool: str, config: settings.RouterSettings, pod_resume_token: str = ""
 ) -> Outcome:
     try:
         link, first = await links.dial(
             address,
             protocol.STREAMING_PATH,
-            headers(config, pod_resume_token),
+            headers(config, pool, pod_resume_token),
             config.max_message_bytes,
             config.pod_connect_timeout_seconds,
         )

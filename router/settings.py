@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pydantic
 
-from asrpool.common import limits, redis_clients, registry
+from asrpool.common import auth, limits, podtokens, redis_clients, registry
 from asrpool.router import forwarding, policies
 
 
@@ -48,6 +48,10 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # which the chart sets from its Secret.
     pod_token: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="shared secret sent to pods in the asrpool-pod-token header")
+    # Or each pool its own token, derived from this seed (common.podtokens), which the
+    # operator gives that pool's pods (the chart's way): not both.
+    pod_token_seed: pydantic.SecretStr | None = pydantic.Field(
+        default=None, description="seed of each pool's own pod token (instead of pod_token)")
     default_pool: str = pydantic.Field(
         default=registry.DEFAULT_POOL, description="pool for clients that name none")
     # Bare pool names mean this namespace's pools (router.poolnames); none: as written.
@@ -125,6 +129,20 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         " the cost")
     gpus_per_pod: float = pydantic.Field(default=1.0, ge=0, description="GPUs of one server pod")
     log_level: str = pydantic.Field(default="info", description="uvicorn log level")
+
+    @pydantic.model_validator(mode="after")
+    def _one_kind_of_pod_token(self) -> RouterSettings:
+        if self.pod_token is not None and self.pod_token_seed is not None:
+            raise ValueError("ASRPOOL_POD_TOKEN and ASRPOOL_POD_TOKEN_SEED are both set: one"
+                             " token for every pool, or a token per pool from the seed, not both")
+        return self
+
+    def pod_token_for(self, pool: str) -> str | None:
+        """The token this router sends to the pods of ``pool`` (none: no header)."""
+        seed = auth.revealed(self.pod_token_seed)
+        if seed is not None:
+            return podtokens.for_pool(seed, pool)
+        return auth.revealed(self.pod_token)
 
     @property
     def pending_ms(self) -> int:

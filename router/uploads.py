@@ -96,7 +96,7 @@ async def _held(
     await deps.admissions.attach(session)
     deps.sessions.add(session)  # renewed while the pod works
     try:
-        status, text, kind = await _post(session.address, body, deps)
+        status, text, kind = await _post(session, body, deps)
     except aiohttp.ClientConnectorError as exc:
         log.info("pod %s could not be reached for an upload: %s", session.pod_id, exc)
         return None
@@ -109,15 +109,20 @@ async def _held(
         await deps.admissions.release(session)
     if status == 503:  # busy, draining or loading: another pod may take it
         return None
+    if status == 401:  # the pod's token is not its pool's: the client's key is not the cause
+        log.warning("pod %s refused this router's pod token for %s", session.pod_id, session.pool)
+        return None
     deps.meters.admissions.labels(session.pool, "upload").inc()
     return responses.Response(text, status_code=status, media_type=kind)
 
 
-async def _post(address: str, body: bytes, deps: wiring.Deps) -> tuple[int, str, str]:
+async def _post(session: admissions.Session, body: bytes,
+                deps: wiring.Deps) -> tuple[int, str, str]:
     timeout = aiohttp.ClientTimeout(total=_POD_SECONDS,
                                     connect=deps.config.pod_connect_timeout_seconds)
-    headers = {k: v for k, v in pods.headers(deps.config).items() if k != protocol.RESUMABLE_HEADER}
-    url = f"http://{address}{protocol.STREAMING_PATH}"
+    headers = {k: v for k, v in pods.headers(deps.config, session.pool).items()
+               if k != protocol.RESUMABLE_HEADER}
+    url = f"http://{session.address}{protocol.STREAMING_PATH}"
     async with (
         aiohttp.ClientSession(timeout=timeout) as client,
         client.post(url, data=body, headers=headers) as reply,

@@ -16,10 +16,12 @@ Environ = environs.Environ
 
 
 def resolve_env(container: dict[str, Any],
-                config_maps: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
-    """The container's environment as the kubelet sets it: references to Secrets and pod
-    fields become placeholders, those to ``config_maps`` their values, and ``$(NAME)``
-    expands to earlier variables."""
+                config_maps: Mapping[str, Mapping[str, str]] | None = None,
+                secrets: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+    """The container's environment as the kubelet sets it: references to pod fields and
+    to other Secrets than ``secrets`` (plain values) become placeholders, those to
+    ``config_maps`` and ``secrets`` their values, and ``$(NAME)`` expands to earlier
+    variables."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
         source = item.get("valueFrom")
@@ -29,7 +31,9 @@ def resolve_env(container: dict[str, Any],
             ref = source["configMapKeyRef"]
             value = (config_maps or {})[ref["name"]][ref["key"]]
         elif "secretKeyRef" in source:
-            value = f"secret-{source['secretKeyRef']['name']}-{source['secretKeyRef']['key']}"
+            ref = source["secretKeyRef"]
+            known = (secrets or {}).get(ref["name"])
+            value = known[ref["key"]] if known is not None else f"secret-{ref['name']}-{ref['key']}"
         else:
             value = "from-" + source["fieldRef"]["fieldPath"]
         env[item["name"]] = value

@@ -6,6 +6,7 @@ operator's: the operator, configured as the chart configures it, builds them her
 from __future__ import annotations
 
 import argparse
+import base64
 from typing import Any
 
 import pytest
@@ -191,21 +192,27 @@ def test_the_server_pods_the_operator_builds_read_their_command_and_environment(
     manifest = rendering.one(rendering.render(SCENARIOS["example-pool"]), "StreamingASRPool")
     # Every optional variable too: a model revision and API keys on the pods.
     manifest["spec"]["model"]["revision"] = "main"
-    manifest["spec"]["auth"]["apiKeysSecret"] = {"name": "keys"}
+    manifest["spec"]["auth"] = {"apiKeysSecret": {"name": "keys"}}
     pool = pools.from_body(manifest)
     built = children.build_all(pool, config)
     config_map = next(c for c in built if c["kind"] == "ConfigMap")
+    (token,) = [c for c in built if c["kind"] == "Secret"]  # the pool's own pod token
     server = rendering.container(next(c for c in built if c["kind"] == "Deployment"))
     args = parse(server)
     assert args.command == "serve"
     assert "envFrom" not in server  # each variable its own env entry: none can be replaced
-    env = resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]})
+    env = resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]},
+                      {token["metadata"]["name"]: {k: base64.b64decode(v).decode()
+                                                   for k, v in token["data"].items()}})
     check_fields(env, server_settings.ServerSettings)
     environ(env)
     loaded = server_settings.ServerSettings()
     assert loaded.pool == "asr-system/stt-first" and loaded.batch_size == 32
     assert loaded.redis_url == config.server_redis_url
+    # The token the chart's routers send to this pool, derived from the same seed.
+    router, _ = router_from("example-pool", environ)
     assert loaded.pod_token is not None
-    assert loaded.pod_token.get_secret_value() == "secret-demo-asrpool-pod-token-token"
+    assert loaded.pod_token.get_secret_value() == router.pod_token_for(loaded.pool)
+    assert router.pod_token_for("elsewhere/stt-first") != router.pod_token_for(loaded.pool)
     assert {"ASRPOOL_MODEL_REVISION", "ASRPOOL_API_KEYS_FILE"} <= set(env)
     assert server["image"] == config.default_image == "ghcr.io/asrpool/asrpool:0.1.0"

@@ -145,26 +145,28 @@ def test_the_dashboard_shows_the_pools_from_metrics_that_exist() -> None:
     assert all("by (pool" in e for e in exprs if "router_rejections" not in e)
 
 
-def test_the_pod_token_is_one_value_in_every_pool_namespace_and_pools_name_it() -> None:
+def test_the_pod_token_seed_stays_in_the_release_namespace_with_the_router_and_operator(
+) -> None:
+    """No pool namespace gets a copy: the operator writes each pool its own token."""
     values = {**SCENARIOS["namespaced-operator"], "examplePool": {"enabled": True}}
     manifests = rendering.render(values)
-    secrets = rendering.find(manifests, "Secret", "demo-asrpool-pod-token")
-    assert [s["metadata"]["namespace"] for s in secrets] == [
-        rendering.NAMESPACE, "speech", "speech-eu"]
-    assert len({s["data"]["token"] for s in secrets}) == 1
-    assert len(base64.b64decode(secrets[0]["data"]["token"])) == 48
-    router = rendering.container(rendering.deployment(manifests, "router"))
-    ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_POD_TOKEN")["valueFrom"]
-    assert ref == {"secretKeyRef": {"name": "demo-asrpool-pod-token", "key": "token"}}
+    (seed,) = rendering.find(manifests, "Secret", "demo-asrpool-pod-token")
+    assert seed["metadata"]["namespace"] == rendering.NAMESPACE
+    assert len(base64.b64decode(seed["data"]["token"])) == 48
+    for part in ("router", "operator"):
+        env = rendering.container(rendering.deployment(manifests, part))["env"]
+        ref = next(e for e in env if e["name"] == "ASRPOOL_POD_TOKEN_SEED")["valueFrom"]
+        assert ref == {"secretKeyRef": {"name": "demo-asrpool-pod-token", "key": "token"}}
+        assert not any(e["name"] == "ASRPOOL_POD_TOKEN" for e in env)
     pool = pools.from_body(rendering.one(manifests, "StreamingASRPool"))
-    assert pool.pod_token == pools.SecretKey("demo-asrpool-pod-token", "token")
+    assert pool.pod_token is None  # the operator's own, not one the pool names
 
 
 def test_existing_secrets_are_used_and_none_is_made() -> None:
     manifests = rendering.render(SCENARIOS["existing-secrets"])
     assert [s["metadata"]["name"] for s in rendering.find(manifests, "Secret")] == []
     router = rendering.container(rendering.deployment(manifests, "router"))
-    ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_POD_TOKEN")["valueFrom"]
+    ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_POD_TOKEN_SEED")["valueFrom"]
     assert ref == {"secretKeyRef": {"name": "asr-pod-token", "key": "value"}}
     volumes = rendering.deployment(manifests, "router")["spec"]["template"]["spec"]["volumes"]
     (keys,) = [volume for volume in volumes if "secret" in volume]
@@ -209,7 +211,7 @@ def test_the_notes_give_a_url_the_router_serves(scenario: str) -> None:
 
 
 @pytest.mark.parametrize("scenario", ["defaults", "no-pod-token"])
-def test_the_pool_the_notes_suggest_is_valid_and_names_the_charts_pod_token(
+def test_the_pool_the_notes_suggest_is_valid_and_names_no_pod_token(
     scenario: str,
 ) -> None:
     notes = rendering.render_files(SCENARIOS[scenario])["asrpool/templates/NOTES.txt"]
@@ -217,10 +219,7 @@ def test_the_pool_the_notes_suggest_is_valid_and_names_the_charts_pod_token(
     body = yaml.safe_load(textwrap.dedent(block))
     jsonschema.Draft7Validator(pool_crd_schema()).validate(body)
     pool = pools.from_body(body)
-    if SCENARIOS[scenario]:
-        assert pool.pod_token is None
-    else:
-        assert pool.pod_token == pools.SecretKey("demo-asrpool-pod-token", "token")
+    assert pool.pod_token is None  # with the chart's seed, the operator writes the pool's own
     assert f"/pools/{pool.name}/api/asr-streaming" in notes
 
 

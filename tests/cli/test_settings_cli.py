@@ -13,7 +13,7 @@ import pydantic_settings
 import pytest
 
 from asrpool import cli
-from asrpool.common import settings_cli
+from asrpool.common import podtokens, settings_cli
 from asrpool.operator import settings as operator_settings
 from asrpool.router import settings as router_settings
 from asrpool.server import settings as server_settings
@@ -199,8 +199,10 @@ EARLIER_FLAGS = {
     " --port --queue-max --queue-max-per-key --queue-timeout-seconds --redis-password-file"
     " --redis-url --resume-grace-seconds --router-id --send-timeout-seconds"
     " --session-lease-ms --workers",
-    "operator": "-n --namespace -A --all-namespaces --default-image --default-pod-token-key"
-    " --default-pod-token-secret --kube-api-url --liveness --log-level --network-policy"
+    # --default-pod-token-secret and --default-pod-token-key went with the one pod token
+    # shared by every namespace: each pool's own now comes from ASRPOOL_POD_TOKEN_SEED.
+    "operator": "-n --namespace -A --all-namespaces --default-image"
+    " --kube-api-url --liveness --log-level --network-policy"
     " --no-network-policy --network-policy-from --peering --pod-redis-url --priority"
     " --redis-password-file --redis-password-secret --redis-password-secret-key"
     " --redis-timeout-seconds --redis-url --resync-seconds --termination-margin-seconds",
@@ -212,7 +214,7 @@ COMMANDS = {
 }
 # Fields that are no flag, on purpose (secrets: a command line is visible on the host).
 # --pod-token was a flag until it became a SecretStr: ASRPOOL_POD_TOKEN only.
-NOT_FLAGS = {"redis_password", "pod_token"}
+NOT_FLAGS = {"redis_password", "pod_token", "pod_token_seed"}
 
 
 def _help(command: str, monkeypatch: pytest.MonkeyPatch,
@@ -256,11 +258,26 @@ def test_no_command_takes_the_redis_password_as_a_flag(
     assert "unrecognized arguments: --redis-password" in capsys.readouterr().err
 
 
-def test_no_pod_or_router_takes_the_pod_token_as_a_flag(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(("command", "flag"), [
+    ("serve", "--pod-token"), ("route", "--pod-token"), ("route", "--pod-token-seed"),
+    ("operator", "--pod-token-seed")])
+def test_no_command_takes_a_pod_token_or_its_seed_as_a_flag(
+    command: str, flag: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for command in ("serve", "route"):
-        with pytest.raises(SystemExit) as info:
-            cli.build_parser().parse_args([command, "--pod-token", "hunter2"])
-        assert info.value.code == 2
-    assert "unrecognized arguments: --pod-token" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.build_parser().parse_args([command, "-A", flag, "hunter2"] if command == "operator"
+                                      else [command, flag, "hunter2"])
+    assert info.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+def test_a_router_takes_one_pod_token_or_a_seed_not_both() -> None:
+    both = {"pod_token": "t", "pod_token_seed": "s"}
+    with pytest.raises(pydantic.ValidationError, match="not both"):
+        router_settings.RouterSettings.model_validate(both)
+    seeded = router_settings.RouterSettings.model_validate({"pod_token_seed": "s"})
+    assert seeded.pod_token_for("a/stt") == podtokens.for_pool("s", "a/stt")
+    assert seeded.pod_token_for("b/stt") != seeded.pod_token_for("a/stt")
+    assert router_settings.RouterSettings.model_validate(
+        {"pod_token": "t"}).pod_token_for("a/stt") == "t"
+    assert router_settings.RouterSettings().pod_token_for("a/stt") is None

@@ -30,11 +30,13 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[emulator.Clu
 
 @pytest.fixture
 def operator_settings(
-    cluster: emulator.Cluster, redis_server: redis_servers.RedisServer
+    cluster: emulator.Cluster, redis_server: redis_servers.RedisServer,
+    request: pytest.FixtureRequest,
 ) -> settings.OperatorSettings:
+    """The operator's settings; a test adds its own with ``indirect`` parametrization."""
     return settings.OperatorSettings(
         namespaces=[emulator.NAMESPACE], redis_url=redis_server.url, kube_api_url=cluster.url,
-        resync_seconds=1.0)
+        resync_seconds=1.0, **getattr(request, "param", {}))
 
 
 @pytest.fixture

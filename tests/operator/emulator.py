@@ -33,6 +33,7 @@ POOLS = kmock.resource("asrpool.io", "v1alpha1", "streamingasrpools")
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 SERVICES = kmock.resource("", "v1", "services")
 CONFIG_MAPS = kmock.resource("", "v1", "configmaps")
+SECRETS = kmock.resource("", "v1", "secrets")
 DISRUPTION_BUDGETS = kmock.resource("policy", "v1", "poddisruptionbudgets")
 NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 PODS = kmock.resource("", "v1", "pods")
@@ -145,7 +146,8 @@ def declare_resources(emulator: Emulator) -> None:
         verbs=ALL_VERBS, shortnames={"asrpool"}, subresources={"status", "scale"})
     emulator.resources[NAMESPACES] = info(kind="Namespace", namespaced=False, verbs=ALL_VERBS)
     for resource, kind in [(DEPLOYMENTS, "Deployment"), (SERVICES, "Service"),
-                           (CONFIG_MAPS, "ConfigMap"), (DISRUPTION_BUDGETS, "PodDisruptionBudget"),
+                           (CONFIG_MAPS, "ConfigMap"), (SECRETS, "Secret"),
+                           (DISRUPTION_BUDGETS, "PodDisruptionBudget"),
                            (NETWORK_POLICIES, "NetworkPolicy"),
                            (PODS, "Pod"), (EVENTS, "Event")]:
         emulator.resources[resource] = info(kind=kind, namespaced=True, verbs=ALL_VERBS)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pydantic
+import pytest
 import yaml
 
+from asrpool.common import podtokens
 from asrpool.operator import children, naming, pools, settings
 from tests.operator import schemas
 
 CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0")
 
 
-def pool(**spec: Any) -> pools.Pool:
+def pool(namespace: str = "speech", **spec: Any) -> pools.Pool:
     # A preset: what a repo or a volume adds is in tests/operator/test_sources.py.
-    return pools.from_body({"metadata": {"name": "stt", "namespace": "speech"}, "spec": {
+    return pools.from_body({"metadata": {"name": "stt", "namespace": namespace}, "spec": {
         "model": {"name": "stt-1b-en_fr"}, "slots": 20, "slotsPerPod": 8, **spec}})
 
 
@@ -192,8 +196,9 @@ def test_every_child_of_every_example_is_valid_kubernetes() -> None:
     for path in schemas.EXAMPLES:
         document = yaml.safe_load(path.read_text())
         document["metadata"].setdefault("namespace", "default")
-        for child in children.build_all(pools.from_body(document), CONFIG):
-            kubernetes_validate.validate(child, "1.30.0", strict=True)
+        for config in (CONFIG, SEEDED):  # SEEDED: and the pool's pod token Secret
+            for child in children.build_all(pools.from_body(document), config):
+                kubernetes_validate.validate(child, "1.30.0", strict=True)
 
 
 def test_server_pods_meet_the_restricted_pod_security_standard() -> None:
@@ -215,16 +220,57 @@ def test_a_read_only_root_with_an_empty_dir_for_each_path_the_server_writes() ->
     assert {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]} == {"/tmp", "/models"}
 
 
-def test_a_pool_without_a_pod_token_gets_the_operators_default() -> None:
-    told = CONFIG.model_copy(update={"default_pod_token_secret": "asrpool-pod-token"})
-    env = children.build_all(pool(), told)[1]["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert env[-1] == {"name": "ASRPOOL_POD_TOKEN", "valueFrom": {
-        "secretKeyRef": {"name": "asrpool-pod-token", "key": "token"}}}
+SEEDED = CONFIG.model_copy(update={"pod_token_seed": pydantic.SecretStr("chart-seed")})
+
+
+def _token_of(built: list[children.Child]) -> tuple[dict[str, Any], str]:
+    """The pods' ASRPOOL_POD_TOKEN entry, and the token in the pool's Secret."""
+    env = next(c for c in built if c["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]["env"]
+    (entry,) = [e for e in env if e["name"] == "ASRPOOL_POD_TOKEN"]
+    (secret,) = [c for c in built if c["kind"] == "Secret"]
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert secret["metadata"]["name"] == ref["name"]
+    return entry, base64.b64decode(secret["data"][ref["key"]]).decode()
+
+
+def test_each_pool_gets_its_own_pod_token_from_the_operators_seed() -> None:
+    """The token the routers derive for the pool (NAMESPACE/NAME), in a Secret of the
+    pool's own namespace; a pool of the same name elsewhere gets another one."""
+    entry, token = _token_of(children.build_all(pool(), SEEDED))
+    assert entry["valueFrom"]["secretKeyRef"] == {"name": "stt-pod-token", "key": "token"}
+    assert token == podtokens.for_pool("chart-seed", "speech/stt")
+    _, elsewhere = _token_of(children.build_all(pool(namespace="other"), SEEDED))
+    assert elsewhere == podtokens.for_pool("chart-seed", "other/stt") != token
+    secret = next(c for c in children.build_all(pool(), SEEDED) if c["kind"] == "Secret")
+    assert secret["metadata"]["namespace"] == "speech"
+
+
+def test_a_new_seed_rolls_the_pods() -> None:
+    """Pods read their token at start: a changed token must reach them."""
+    def digest(config: settings.OperatorSettings) -> str:
+        built = children.build_all(pool(), config)
+        deployment = next(c for c in built if c["kind"] == "Deployment")
+        return str(deployment["spec"]["template"]["metadata"]["annotations"])
+    rotated = CONFIG.model_copy(update={"pod_token_seed": pydantic.SecretStr("new-seed")})
+    assert digest(SEEDED) != digest(rotated)
+
+
+def test_without_a_seed_a_pool_has_the_token_its_spec_names_or_none() -> None:
     own = pool(auth={"podTokenSecret": {"name": "mine", "key": "k"}})
-    env = children.build_all(own, told)[1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    built = children.build_all(own, CONFIG)
+    env = built[1]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[-1]["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "k"}
+    assert all(c["kind"] != "Secret" for c in built)
     untold = children.build_all(pool(), CONFIG)[1]["spec"]["template"]["spec"]["containers"][0]
     assert all(e["name"] != "ASRPOOL_POD_TOKEN" for e in untold["env"])
+
+
+def test_with_a_seed_a_pool_naming_its_own_token_is_invalid() -> None:
+    """The routers would send the pool's derived token, never the named one."""
+    own = pool(auth={"podTokenSecret": {"name": "mine", "key": "k"}})
+    with pytest.raises(pools.InvalidPool, match="leave podTokenSecret out"):
+        children.with_pod_token(own, SEEDED)
 
 
 def test_the_server_user_is_the_images_user() -> None:

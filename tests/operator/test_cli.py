@@ -144,14 +144,12 @@ def test_messages_never_show_the_redis_password() -> None:
     assert plain.redis_url_shown == "redis://r:6379/0"
 
 
-def test_peering_network_policy_and_pod_token_flags() -> None:
+def test_peering_and_network_policy_flags() -> None:
     peer = '[{"podSelector": {"matchLabels": {"app": "router"}}}]'
     config = cli.load_settings(parse("-n", "a", "--peering", "asrpool", "--priority", "7",
-                                     "--network-policy-from", peer,
-                                     "--default-pod-token-secret", "tok"))
+                                     "--network-policy-from", peer))
     assert (config.peering, config.priority) == ("asrpool", 7)
     assert config.network_policy_from == [{"podSelector": {"matchLabels": {"app": "router"}}}]
-    assert (config.default_pod_token_secret, config.default_pod_token_key) == ("tok", "token")
     assert not cli.load_settings(parse("-n", "a", "--no-network-policy")).network_policy
     assert cli.load_settings(parse("-n", "a")).peering is None  # standalone by default
 

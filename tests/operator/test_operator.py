@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
 from kopf.testing import KopfRunner
 
+from asrpool.common import podtokens
 from asrpool.operator import kube, naming
 from tests.operator import checks, emulator
 from tests.support import redis_servers
@@ -244,6 +246,25 @@ async def test_a_keyed_pools_pods_get_the_routers_token_and_the_key_file(
     assert {"name": "ASRPOOL_POD_TOKEN", "valueFrom": token} in server["env"]
     assert found["configmaps"]["data"]["ASRPOOL_API_KEYS_FILE"] == "/etc/asrpool/keys/keys.yaml"
     assert {"name": "api-keys", "secret": {"secretName": "keys"}} in pod["volumes"]
+
+
+@pytest.mark.parametrize("operator_settings", [{"pod_token_seed": "chart-seed"}], indirect=True)
+async def test_a_seeded_operator_writes_each_pools_own_pod_token(
+    cluster: emulator.Cluster, operator: KopfRunner
+) -> None:
+    """The pool's token, derived as the routers derive it, in a Secret of the pool that
+    its pods read; a keyed pool needs no podTokenSecret of its own."""
+    found = await checks.created(cluster, auth={"apiKeysSecret": {"name": "keys"}})
+    (server,) = found["deployments"]["spec"]["template"]["spec"]["containers"]
+    token = {"secretKeyRef": {"name": "stt-pod-token", "key": "token"}}
+    assert {"name": "ASRPOOL_POD_TOKEN", "valueFrom": token} in server["env"]
+    secret = cluster.get(emulator.SECRETS, NS, "stt-pod-token")
+    assert secret is not None
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "StreamingASRPool"
+    sent = base64.b64decode(secret["data"]["token"]).decode()
+    assert sent == podtokens.for_pool("chart-seed", f"{NS}/stt")
+    degraded = await eventually(lambda: checks.condition(cluster, "Degraded"))
+    assert degraded["status"] == "False"
 
 
 async def test_a_keyed_pool_without_a_pod_token_is_degraded_and_gets_no_pods(

@@ -77,9 +77,9 @@ def test_api_keys_need_the_routers_pod_token() -> None:
     keyed = pools.from_body(body(auth={"apiKeysSecret": {"name": "keys"}}))
     with pytest.raises(pools.InvalidPool, match=r"apiKeysSecret needs spec\.auth\.podTokenSecret"):
         pools.check_auth(keyed)
-    defaulted = children.with_default_pod_token(keyed, settings.OperatorSettings(
-        namespaces=["x"], default_pod_token_secret="chart-token"))
-    pools.check_auth(defaulted)  # the operator's default token serves
+    seeded = children.with_pod_token(keyed, settings.OperatorSettings(
+        namespaces=["x"], pod_token_seed="seed"))
+    pools.check_auth(seeded)  # the pool's own token, from the operator's seed, serves
 
 
 def test_a_long_name_is_invalid() -> None:

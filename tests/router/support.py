@@ -181,9 +181,11 @@ POD_GRACE_S = 5
 
 
 def pod(
-    redis_url: str, workdir: Path, pod_id: str, slots: int = 4, pool: str = "default", *extra: str
+    redis_url: str, workdir: Path, pod_id: str, slots: int = 4, pool: str = "default", *extra: str,
+    token: str = POD_TOKEN,
 ) -> servers.ServerProcess:
-    """A real ``asrpool serve --model tiny`` pod registered in Redis (not yet started)."""
+    """A real ``asrpool serve --model tiny`` pod registered in Redis (not yet started),
+    taking streams with ``token`` only."""
     port = free_port()
     args = [
         "--redis-url",
@@ -198,7 +200,7 @@ def pod(
     ]
     return servers.ServerProcess(
         workdir, batch_size=slots, args=args, port=port, pod_id=pod_id,
-        env={"OMP_NUM_THREADS": "1", "ASRPOOL_POD_TOKEN": POD_TOKEN},
+        env={"OMP_NUM_THREADS": "1", "ASRPOOL_POD_TOKEN": token},
     )
 
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sphn
 import websockets
 
-from asrpool.common import protocol
+from asrpool.common import podtokens, protocol
 from tests.router import support
 from tests.support import kyutai_client, servers, streams
 from tests.support.redis_servers import RedisServer
@@ -408,6 +409,37 @@ def _rss(router: support.RouterProcess) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+async def test_a_seeded_router_sends_each_pool_its_own_pod_token(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A pod holding another namespace's token (its Secret read, or copied) is never
+    reached with it: the router sends each pool the token derived for that pool, for
+    streams and for uploads."""
+    seed = "chart-seed"
+    ours = support.pod(redis_server.url, tmp_path, "ours", 1, "speech/stt",
+                       token=podtokens.for_pool(seed, "speech/stt"))
+    stolen = support.pod(redis_server.url, tmp_path, "stolen", 1, "team-b/stt",
+                         token=podtokens.for_pool(seed, "speech/stt"))
+    router = support.RouterProcess(redis_server.url, tmp_path, "--pod-attempts", "1",
+                                   env={"ASRPOOL_POD_TOKEN_SEED": seed})
+    with running(ours, stolen, router):
+        wait_for_pods(router, 1, "speech/stt")
+        wait_for_pods(router, 1, "team-b/stt")
+        opened = await support.connect(router.ws_url + "?pool=speech/stt")
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        await opened.ws.close()
+        refused = await support.connect(router.ws_url + "?pool=team-b/stt")
+        told = await support.first_message(refused.ws)
+        assert (told["type"], told["code"]) == ("Error", "busy")
+        assert stolen.modules_info()["used_slots"] == 0
+        clip = tmp_path / "one-second.wav"
+        sphn.write_wav(str(clip), np.zeros((1, kyutai_client.SAMPLE_RATE), np.float32),
+                       kyutai_client.SAMPLE_RATE)
+        status, text = await asyncio.to_thread(
+            servers.post_file, router.url + "/pools/team-b/stt", clip.read_bytes())
+        assert (status, stolen.modules_info()["used_slots"]) == (503, 0), text
 
 
 async def test_pools_of_one_name_in_two_namespaces_never_mix(
