@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from asrpool.common import auth, podtokens
+from asrpool.common import auth, redis_acl, redis_clients, seeds
 from asrpool.operator import naming, pools, settings, sources, templates
 
 KEYS_DIR = pools.KEYS_DIR
@@ -21,11 +21,11 @@ Child = dict[str, Any]
 
 
 def build_all(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
-    """Every child of the pool, those its pods read first (ConfigMap, pod token Secret)."""
+    """Every child of the pool, those its pods read first (ConfigMap, Secrets)."""
     pool = with_pod_token(pool, config)
-    config_map = build_config_map(pool, config)
-    read = [config_map, *([build_pod_token_secret(pool, config)] if owns_pod_token(pool, config)
-                          else [])]
+    read = [build_config_map(pool, config),
+            *([build_pod_token_secret(pool, config)] if owns_pod_token(pool, config) else []),
+            *([build_redis_secret(pool, config)] if config.redis_password_seed else [])]
     return [
         *read,
         build_deployment(pool, config, config_hash(*read)),
@@ -42,7 +42,7 @@ def owns_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> bool:
 
 def with_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> pools.Pool:
     """With a seed, every pool's pods take the token the routers derive for that pool
-    (common.podtokens), from a Secret the operator writes in the pool's namespace: no
+    (common.seeds), from a Secret the operator writes in the pool's namespace: no
     token is shared across namespaces, and no pool's pods take streams from anyone but
     the routers. A pool that names its own Secret then is invalid: the routers would
     never send that token."""
@@ -64,14 +64,32 @@ def build_pod_token_secret(pool: pools.Pool, config: settings.OperatorSettings) 
     """The pool's own pod token (:func:`with_pod_token`), for its pods' ASRPOOL_POD_TOKEN."""
     seed = auth.revealed(config.pod_token_seed)
     assert seed is not None, "only with a seed"
-    token = podtokens.for_pool(seed, pool.registry_name)
+    token = seeds.pod_token(seed, pool.registry_name)
+    return _secret(pool, naming.pod_token_secret(pool.name), naming.POD_TOKEN_KEY, token)
+
+
+def _secret(pool: pools.Pool, name: str, key: str, value: str) -> Child:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(pool, naming.pod_token_secret(pool.name)),
+        "metadata": _metadata(pool, name),
         "type": "Opaque",
-        "data": {naming.POD_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {key: base64.b64encode(value.encode()).decode()},
     }
+
+
+def redis_password(pool: pools.Pool, config: settings.OperatorSettings) -> str:
+    """The password of the Redis user of the pool's namespace (common.redis_acl)."""
+    seed = auth.revealed(config.redis_password_seed)
+    assert seed is not None, "only with a seed"
+    return seeds.redis_password(seed, pool.namespace)
+
+
+def build_redis_secret(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
+    """The password of its namespace's Redis user, for the pods' ASRPOOL_REDIS_PASSWORD:
+    the same in every pool of the namespace, and no other namespace's."""
+    return _secret(pool, naming.redis_secret(pool.name), naming.REDIS_PASSWORD_KEY,
+                   redis_password(pool, config))
 
 
 def build_config_map(pool: pools.Pool, config: settings.OperatorSettings) -> Child:
@@ -95,12 +113,22 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
         "ASRPOOL_HOST": "0.0.0.0",
         "ASRPOOL_PORT": str(settings.SERVER_PORT),
         "ASRPOOL_POOL": pool.registry_name,
-        "ASRPOOL_REDIS_URL": config.server_redis_url,
+        "ASRPOOL_REDIS_URL": _pod_redis_url(pool, config),
+        # Under Redis ACLs the pools set is out of the pods' reach: the operator adds the
+        # pool as it publishes the members.
+        "ASRPOOL_ANNOUNCE_POOL": "false" if config.redis_password_seed else "true",
         "ASRPOOL_DRAIN_GRACE_SECONDS": str(pool.drain_grace_seconds),
     }
     if pool.api_keys is not None:
         env["ASRPOOL_API_KEYS_FILE"] = f"{KEYS_DIR}/{pool.api_keys.key}"
     return env
+
+
+def _pod_redis_url(pool: pools.Pool, config: settings.OperatorSettings) -> str:
+    if config.redis_password_seed is None:
+        return config.server_redis_url
+    return redis_clients.with_username(config.server_redis_url,
+                                       redis_acl.pod_user(pool.namespace))
 
 
 def config_hash(*read: Child) -> str:
@@ -242,13 +270,19 @@ def _config_map_environment(pool: pools.Pool,
 def _pod_environment(pool: pools.Pool, config: settings.OperatorSettings) -> list[Child]:
     env: list[Child] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "ASRPOOL_POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "ASRPOOL_POD_ID", "value": naming.pod_id("$(POD_NAMESPACE)", "$(POD_NAME)")},
         {"name": "ASRPOOL_ADVERTISE_ADDRESS", "value": f"$(POD_IP):{settings.SERVER_PORT}"},
     ]
     if pool.pod_token is not None:
         ref = {"name": pool.pod_token.name, "key": pool.pod_token.key}
         env.append({"name": "ASRPOOL_POD_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-    if config.redis_password_secret:
+    if config.redis_password_seed is not None:
+        ref = {"name": naming.redis_secret(pool.name), "key": naming.REDIS_PASSWORD_KEY}
+        env.append({"name": "ASRPOOL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": ref}})
+    elif config.redis_password_secret:
         ref = {"name": config.redis_password_secret, "key": config.redis_password_secret_key}
         env.append({"name": "ASRPOOL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": ref}})
     return env

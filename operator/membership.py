@@ -1,7 +1,7 @@
 """Prompt pool membership: routers learn of a pod as it gets its IP, not at the next pass.
 
 Routers admit a stream only to a pod the operator lists for its pool
-(``registry.publish_members``: pod name to pod IP). Each pass lists the pool's pods and
+(``registry.publish_members``: pod id to pod IP). Each pass lists the pool's pods and
 publishes them (``reconciling``), whatever was published before: it repairs a Redis that
 lost the list. Between passes a kopf index keeps every server pod's IP under its pool
 (:func:`index_entry`), and a handler on those pods' events republishes the pool's list
@@ -35,13 +35,13 @@ INDEX = "server_pod_ips"  # the index's id: kopf passes it to handlers under thi
 
 def index_entry(namespace: str, name: str, labels: Mapping[str, str],
                 status: Mapping[str, Any]) -> dict[PoolKey, tuple[str, str]]:
-    """A server pod in the index: under its pool, its name and IP; nothing without an IP
-    (an empty dict, which takes the pod out of the index: kopf keeps a pod's old entry
-    when an indexer returns None)."""
+    """A server pod in the index: under its pool, its id (naming.pod_id) and IP; nothing
+    without an IP (an empty dict, which takes the pod out of the index: kopf keeps a
+    pod's old entry when an indexer returns None)."""
     ip = status.get("podIP")
     if not ip:
         return {}
-    return {(namespace, labels[naming.POOL_LABEL]): (name, str(ip))}
+    return {(namespace, labels[naming.POOL_LABEL]): (naming.pod_id(namespace, name), str(ip))}
 
 
 @dataclasses.dataclass
@@ -70,5 +70,5 @@ class Published:
 
 
 def pool_members(index: Mapping[PoolKey, Any], key: PoolKey) -> dict[str, str]:
-    """The pool's pods with an IP, from the index (pod name to IP)."""
+    """The pool's pods with an IP, from the index (pod id to IP)."""
     return dict(index.get(key, ()))

@@ -65,3 +65,17 @@ def pod_token_secret(pool_name: str) -> str:
 
 
 POD_TOKEN_KEY = "token"  # the key of the token in that Secret
+
+
+def redis_secret(pool_name: str) -> str:
+    """The Secret with the password of its namespace's Redis user (common.redis_acl)."""
+    return f"{pool_name}-redis"
+
+
+REDIS_PASSWORD_KEY = "password"  # the key of the password in that Secret
+
+
+def pod_id(namespace: str, pod_name: str) -> str:
+    """A server pod's id in the registry: NAMESPACE/NAME, unique across namespaces, and
+    within the keys of its namespace's Redis user (common.redis_acl)."""
+    return f"{namespace}/{pod_name}"

@@ -15,7 +15,7 @@ import kopf
 import redis
 import redis.asyncio as aioredis
 
-from asrpool.common import registry
+from asrpool.common import redis_acl, registry
 from asrpool.operator import (
     applying,
     children,
@@ -67,11 +67,12 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     beats = await _read_beats(context, pool.registry_name)
     current = _replicas(deployment)
     costs_set = await _protect_streams(context, pool, current, beats)
+    user_problem = await _ensure_redis_user(context, pool)
     actions = await applying.apply_all(context.kube, built)
     deployment = await _deployment(context, pool.namespace, pool.name)
     pods = await context.kube.list(kube.PODS, pool.namespace, naming.selector(pool.name))
     await _publish_members(context, pool, pods)
-    problem = (_name_conflict(actions) or _apply_failed(actions)
+    problem = (user_problem or _name_conflict(actions) or _apply_failed(actions)
                or statuses.pod_problem(deployment, pods))
     observed = _observed(body, pool.name, pool.pods, deployment, beats, problem)
     scaled_from = current if current is not None and current != pool.pods else None
@@ -149,6 +150,25 @@ async def _read_beats(context: Context, pool_name: str) -> list[registry.PodHear
         return await usage.read_beats(context.redis, pool_name)
     except (redis.RedisError, OSError):
         return None
+
+
+async def _ensure_redis_user(context: Context, pool: pools.Pool) -> statuses.Problem | None:
+    """Under Redis ACLs (a password seed), create or restore the Redis user of the pool's
+    namespace at every pass: a Redis that restarted without it has it again within one.
+    Until it exists the pods cannot heartbeat, and the status says why."""
+    if context.config.redis_password_seed is None:
+        return None
+    user = redis_acl.pod_user(pool.namespace)
+    try:
+        await redis_acl.ensure_pod_user(context.redis, pool.namespace,
+                                        children.redis_password(pool, context.config))
+    except (redis.RedisError, OSError) as exc:
+        return statuses.Problem(
+            "RedisUserMissing", f"cannot set the Redis user {user} of this namespace in"
+            f" {context.config.redis_url_shown}: {exc} (the operator's Redis user needs ACL"
+            " rights, on Redis 6.2 or later; without ACLs, leave ASRPOOL_REDIS_PASSWORD_SEED"
+            " unset); its pods cannot heartbeat until it exists")
+    return None
 
 
 async def _publish_members(context: Context, pool: pools.Pool,

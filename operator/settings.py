@@ -45,6 +45,13 @@ class OperatorSettings(redis_clients.RedisCredentials):
         " for the server pods (they get it by reference)")
     redis_password_secret_key: str = pydantic.Field(
         default="password", description="key of the password in that Secret")
+    # A Redis user per pool namespace (asrpool.common.redis_acl), its password derived from
+    # this seed (common.seeds) and written into a Secret in the pool's namespace for its
+    # pods: they reach only their own namespace's keys. Needs a Redis with ACLs (6.2 or
+    # later) and an operator user with ACL rights. A secret, so the variable only
+    # (ASRPOOL_REDIS_PASSWORD_SEED). None: the pods share redis_password_secret, if any.
+    redis_password_seed: pydantic.SecretStr | None = pydantic.Field(
+        default=None, description="seed of each pool namespace's own Redis user's password")
     # Each Redis call waits at most this long: a Redis that stops answering never holds
     # a pool's pass (and its lock) for longer.
     redis_timeout_seconds: float = pydantic.Field(
@@ -75,7 +82,7 @@ class OperatorSettings(redis_clients.RedisCredentials):
         description="the peers its server port admits, as NetworkPolicy 'from' entries in"
         " JSON (default: router pods of any namespace)")
     # Each pool's own pod token, derived from this seed as the routers derive it
-    # (common.podtokens), written into a Secret in the pool's namespace for its pods
+    # (common.seeds), written into a Secret in the pool's namespace for its pods
     # (children.build_pod_token_secret). A secret, so the variable only (ASRPOOL_POD_TOKEN_SEED,
     # from the chart's Secret). None: pools' pods take the token their spec names, if any.
     pod_token_seed: pydantic.SecretStr | None = pydantic.Field(
@@ -122,6 +129,10 @@ class OperatorSettings(redis_clients.RedisCredentials):
                 "the Redis URL for server pods carries a password, which would be written"
                 " into their Deployments; give the URL without it and name the Secret"
                 " holding the password with --redis-password-secret")
+        if self.redis_password_seed is not None and self.redis_password_secret:
+            raise ValueError(
+                "ASRPOOL_REDIS_PASSWORD_SEED gives each pool namespace its own Redis user and"
+                " password, --redis-password-secret one password for every pod: not both")
         return self
 
     @property

@@ -17,11 +17,11 @@ from asrpool.operator import naming, usage
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    # InvalidSpec, RegistryUnavailable, NameConflict, ApplyFailed, ProgressDeadlineExceeded,
-    # PodsUnschedulable, ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError,
-    # CreateContainerError, RunContainerError, and for a model that cannot be had
-    # (weights.EXIT_REASONS): ModelUnavailable, RegistryUnavailable (the Hugging Face Hub),
-    # ModelCacheUnavailable
+    # InvalidSpec, RegistryUnavailable, RedisUserMissing, NameConflict, ApplyFailed,
+    # ProgressDeadlineExceeded, PodsUnschedulable, ImagePullBackOff, CrashLoopBackOff,
+    # CreateContainerConfigError, CreateContainerError, RunContainerError, and for a model
+    # that cannot be had (weights.EXIT_REASONS): ModelUnavailable, RegistryUnavailable (the
+    # Hugging Face Hub), ModelCacheUnavailable
     reason: str
     message: str
 

@@ -48,17 +48,17 @@ def deletion_costs(
     keeps its cost, so it is not preferred over an idle pod that has no streams at all.
     """
     used = {beat.pod_id: beat.used_slots for beat in beats}
-    return {_name(pod): used.get(_name(pod), 0) for pod in pods}
+    return {_name(pod): used.get(_pod_id(pod), 0) for pod in pods}
 
 
 def members(pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """The pool's real pods for the routers' admission: pod name to pod IP, for every pod
-    that has an IP (a draining one too: admission skips it by its heartbeat)."""
+    """The pool's real pods for the routers' admission: pod id (naming.pod_id) to pod IP,
+    for every pod that has an IP (a draining one too: admission skips it by its heartbeat)."""
     found = {}
     for pod in pods:
         ip = (pod.get("status") or {}).get("podIP")
         if ip:
-            found[_name(pod)] = str(ip)
+            found[_pod_id(pod)] = str(ip)
     return found
 
 
@@ -73,6 +73,10 @@ def cost_changes(pods: Iterable[Mapping[str, Any]], costs: Mapping[str, int]) ->
 
 def _name(pod: Mapping[str, Any]) -> str:
     return str(pod["metadata"]["name"])
+
+
+def _pod_id(pod: Mapping[str, Any]) -> str:
+    return naming.pod_id(str(pod["metadata"]["namespace"]), _name(pod))
 
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pydantic
 
-from asrpool.common import auth, limits, podtokens, redis_clients, registry
+from asrpool.common import auth, limits, redis_clients, registry, seeds
 from asrpool.router import forwarding, policies
 
 
@@ -48,7 +48,7 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # which the chart sets from its Secret.
     pod_token: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="shared secret sent to pods in the asrpool-pod-token header")
-    # Or each pool its own token, derived from this seed (common.podtokens), which the
+    # Or each pool its own token, derived from this seed (common.seeds), which the
     # operator gives that pool's pods (the chart's way): not both.
     pod_token_seed: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="seed of each pool's own pod token (instead of pod_token)")
@@ -141,7 +141,7 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         """The token this router sends to the pods of ``pool`` (none: no header)."""
         seed = auth.revealed(self.pod_token_seed)
         if seed is not None:
-            return podtokens.for_pool(seed, pool)
+            return seeds.pod_token(seed, pool)
         return auth.revealed(self.pod_token)
 
     @property

@@ -39,15 +39,17 @@ async def hold(redis_client: aioredis.Redis, pod_id: str, instance: str,
 
 
 async def run(redis_client: aioredis.Redis, snapshot: Callable[[], registry.PodHeartbeat],
-              interval: float, lease_ms: int, wake: asyncio.Event, instance: str = "") -> None:
-    """Write a beat every ``interval`` seconds, or at once when ``wake`` is set."""
+              interval: float, lease_ms: int, wake: asyncio.Event, instance: str = "", *,
+              announce: bool = True) -> None:
+    """Write a beat every ``interval`` seconds, or at once when ``wake`` is set (with
+    ``announce``, adding the pool to the pools set: registry.write_heartbeat)."""
     failing = False
     taken = False
     while True:
         wake.clear()
         try:
             written = await registry.write_heartbeat(redis_client, snapshot(), lease_ms,
-                                                     instance)
+                                                     instance, announce=announce)
         except REDIS_ERRORS as exc:
             if not failing:
                 logger.warning("heartbeat to Redis failed (will retry): %s", exc)

@@ -255,4 +255,5 @@ class Pod:
         if self.state is State.FAILED:
             return
         await heartbeat.run(redis, self.beat, self.settings.heartbeat_interval_seconds,
-                            lease_ms, self._heartbeat_wake, self.instance)
+                            lease_ms, self._heartbeat_wake, self.instance,
+                            announce=self.settings.announce_pool)

@@ -48,7 +48,12 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=registry.DEFAULT_POOL, description="pool name (the operator sets NAMESPACE/NAME)")
     pod_id: str = pydantic.Field(
         default_factory=socket.gethostname,
-        description="pod id in the registry (default: the hostname)")
+        description="pod id in the registry (default: the hostname; the operator sets"
+        " NAMESPACE/NAME)")
+    # Off where a pod's Redis user reaches only its own namespace's keys (the operator's
+    # Redis ACLs): the operator adds the pool as it lists the pool's pods.
+    announce_pool: bool = pydantic.Field(
+        default=True, description="add the pool to the registry's set of pools with each beat")
     advertise_address: str | None = pydantic.Field(
         default=None, description="host:port routers dial (default: host:port, the hostname if"
         " host is a wildcard)")

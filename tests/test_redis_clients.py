@@ -82,3 +82,10 @@ def test_urls_with_a_password_are_recognised_and_masked() -> None:
     assert redis_clients.without_password("redis://user:pw@host:6379/0") == \
         "redis://user:***@host:6379/0"
     assert redis_clients.without_password("redis://host/0") == "redis://host/0"
+
+
+def test_a_username_replaces_any_user_and_password_of_a_url() -> None:
+    assert redis_clients.with_username("redis://host:6379/0", "asrpool-pods-a") == \
+        "redis://asrpool-pods-a@host:6379/0"
+    assert redis_clients.with_username("rediss://op:pw@host:6380/2", "asrpool-pods-a") == \
+        "rediss://asrpool-pods-a@host:6380/2"

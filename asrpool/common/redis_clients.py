@@ -73,6 +73,13 @@ def has_password(url: str) -> bool:
     return urllib.parse.urlsplit(url).password is not None
 
 
+def with_username(url: str, username: str) -> str:
+    """The URL with ``username`` as its user (any user and password it had dropped)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{urllib.parse.quote(username)}@{host}"))
+
+
 def without_password(url: str) -> str:
     """The URL as it may be logged or shown: any password replaced by ``***``."""
     parts = urllib.parse.urlsplit(url)

@@ -6,7 +6,9 @@ Every server pod heartbeats (at least once a second) into:
   lease (``PEXPIRE``) so that a dead pod's hash vanishes within a few seconds;
 - ``asrpool:pool:{pool}:pods``: a sorted set of the pool's pod ids scored by the
   lease deadline in Unix milliseconds, so readers can drop dead pods without ``SCAN``;
-- ``asrpool:pools``: the set of pool names seen.
+- ``asrpool:pools``: the set of pool names seen (added to by each beat, unless the pod
+  is told not to: under Redis ACLs a pod reaches only its own namespace's keys, and
+  whoever publishes a pool's members adds the pool instead).
 
 A heartbeat alone does not make a pod. Whoever knows the pool's real pods (the operator
 from the cluster's pod list, the local platform from its own children) publishes them in
@@ -53,18 +55,21 @@ def pool_members_key(pool: str) -> str:
     return f"{KEY_PREFIX}:pool:{pool}:members"
 
 
-# A field no pod id can be (pod names are DNS labels): keeps the hash of a pool whose
-# pods are all gone, so that an empty list still means "no pod", not "not listed".
+# A field no pod id can be (pod ids are DNS labels, or NAMESPACE/NAME of two): keeps the
+# hash of a pool whose pods are all gone, so that an empty list still means "no pod",
+# not "not listed".
 MEMBERS_SENTINEL = "*"
 
 
 async def publish_members(redis: aioredis.Redis, pool: str, members: dict[str, str]) -> None:
-    """Replace the pool's list of real pods (pod id to IP address), atomically."""
+    """Replace the pool's list of real pods (pod id to IP address), atomically, and add
+    the pool to the pools set (its pods may not: ``write_heartbeat``'s ``announce``)."""
     key = pool_members_key(pool)
     fields: dict[Any, Any] = {MEMBERS_SENTINEL: "", **members}
     async with redis.pipeline(transaction=True) as tx:
         tx.delete(key)
         tx.hset(key, mapping=fields)
+        tx.sadd(POOLS_KEY, pool)
         await tx.execute()
 
 
@@ -110,9 +115,9 @@ _CLAIM = _PRELUDE + """
 return owns(tonumber(ARGV[2])) and 1 or 0
 """
 
-# KEYS: owner, pod hash, pool set, pools set. ARGV: instance, lease_ms, pod_id, pool,
-# then the hash's field/value pairs. Returns 0 (writing nothing) when another process
-# owns the id.
+# KEYS: owner, pod hash, pool set, then the pools set to announce the pool in (or
+# none). ARGV: instance, lease_ms, pod_id, pool, then the hash's field/value pairs.
+# Returns 0 (writing nothing) when another process owns the id.
 _BEAT = _PRELUDE + """
 local lease_ms = tonumber(ARGV[2])
 if not owns(lease_ms) then return 0 end
@@ -121,7 +126,7 @@ for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[2], 'updated_ms', now, unpack(fields))
 redis.call('PEXPIRE', KEYS[2], lease_ms)
 redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[3])
-redis.call('SADD', KEYS[4], ARGV[4])
+if KEYS[4] then redis.call('SADD', KEYS[4], ARGV[4]) end
 return 1
 """
 
@@ -178,15 +183,16 @@ def _text(value: Any) -> str:
 
 async def write_heartbeat(
     redis: aioredis.Redis, beat: PodHeartbeat, lease_ms: int = DEFAULT_LEASE_MS,
-    instance: str = "",
+    instance: str = "", *, announce: bool = True,
 ) -> bool:
-    """Publish one heartbeat atomically (hash, lease, pool membership), timed by Redis.
-    With an ``instance``, only while that process owns the pod id: False if another does."""
+    """Publish one heartbeat atomically (hash, lease, pool membership), timed by Redis,
+    and with ``announce`` add its pool to the pools set. With an ``instance``, only while
+    that process owns the pod id: False if another does."""
     fields = beat.to_hash()
     fields.pop("updated_ms")
     pairs = [item for pair in fields.items() for item in pair]
     keys = [pod_owner_key(beat.pod_id), pod_key(beat.pod_id), pool_pods_key(beat.pool),
-            POOLS_KEY]
+            *([POOLS_KEY] if announce else [])]
     script = redis.register_script(_BEAT)
     return bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
                                               *pairs]))

@@ -13,7 +13,7 @@ import pydantic_settings
 import pytest
 
 from asrpool import cli
-from asrpool.common import podtokens, settings_cli
+from asrpool.common import seeds, settings_cli
 from asrpool.operator import settings as operator_settings
 from asrpool.router import settings as router_settings
 from asrpool.server import settings as server_settings
@@ -214,7 +214,7 @@ COMMANDS = {
 }
 # Fields that are no flag, on purpose (secrets: a command line is visible on the host).
 # --pod-token was a flag until it became a SecretStr: ASRPOOL_POD_TOKEN only.
-NOT_FLAGS = {"redis_password", "pod_token", "pod_token_seed"}
+NOT_FLAGS = {"redis_password", "pod_token", "pod_token_seed", "redis_password_seed"}
 
 
 def _help(command: str, monkeypatch: pytest.MonkeyPatch,
@@ -276,7 +276,7 @@ def test_a_router_takes_one_pod_token_or_a_seed_not_both() -> None:
     with pytest.raises(pydantic.ValidationError, match="not both"):
         router_settings.RouterSettings.model_validate(both)
     seeded = router_settings.RouterSettings.model_validate({"pod_token_seed": "s"})
-    assert seeded.pod_token_for("a/stt") == podtokens.for_pool("s", "a/stt")
+    assert seeded.pod_token_for("a/stt") == seeds.pod_token("s", "a/stt")
     assert seeded.pod_token_for("b/stt") != seeded.pod_token_for("a/stt")
     assert router_settings.RouterSettings.model_validate(
         {"pod_token": "t"}).pod_token_for("a/stt") == "t"

@@ -8,6 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from asrpool.common import registry
+from asrpool.operator import naming
 from tests.operator import emulator
 from tests.support.polling import eventually
 
@@ -60,10 +61,12 @@ async def created(cluster: emulator.Cluster, **spec: Any) -> dict[str, dict[str,
 
 async def beat(url: str, pod: str, total: int, free: int,
                pool: str = f"{NAMESPACE}/stt") -> None:
+    """A heartbeat of the pool's pod named ``pod``, under its id (naming.pod_id)."""
     client = aioredis.Redis.from_url(url)
+    pod_id = naming.pod_id(pool.partition("/")[0], pod)
     try:
         await registry.write_heartbeat(client, registry.PodHeartbeat(
-            pod, pool, f"{pod}:8080", total, free, False, "m"), lease_ms=120_000)
+            pod_id, pool, f"{pod}:8080", total, free, False, "m"), lease_ms=120_000)
     finally:
         await client.aclose()
 

@@ -11,7 +11,7 @@ import pydantic
 import pytest
 import yaml
 
-from asrpool.common import podtokens
+from asrpool.common import seeds
 from asrpool.operator import children, naming, pools, settings
 from tests.operator import schemas
 
@@ -76,7 +76,8 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
         "HF_HUB_CACHE": "/var/cache/asrpool/hub", "HF_HUB_OFFLINE": "1", "ASRPOOL_DTYPE": "auto",
         "ASRPOOL_BATCH_SIZE": "8", "ASRPOOL_CONTEXT": "750", "ASRPOOL_DEVICE": "cuda",
         "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
-        "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_DRAIN_GRACE_SECONDS": "60"}
+        "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_ANNOUNCE_POOL": "true",
+        "ASRPOOL_DRAIN_GRACE_SECONDS": "60"}
 
 
 def test_pods_reach_redis_by_their_own_url_when_given() -> None:
@@ -97,7 +98,9 @@ def test_the_container_runs_asrpool_serve_with_its_identity_from_the_downward_ap
         children.build_config_map(pool(), CONFIG)["data"])
     assert built["env"][len(from_config_map):] == [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "ASRPOOL_POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "ASRPOOL_POD_ID", "value": "$(POD_NAMESPACE)/$(POD_NAME)"},
         {"name": "ASRPOOL_ADVERTISE_ADDRESS", "value": "$(POD_IP):8080"}]
     assert built["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
 
@@ -150,6 +153,48 @@ def test_the_redis_password_reaches_pods_by_reference_only() -> None:
     assert {"name": "ASRPOOL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
         "name": "asrpool-redis", "key": "password"}}} in server["env"]
     assert "op-secret" not in repr(built)
+
+
+ACL = CONFIG.model_copy(update={"redis_password_seed": pydantic.SecretStr("redis-seed")})
+
+
+def _secret_named(built: list[children.Child], name: str) -> dict[str, Any]:
+    (secret,) = [c for c in built if c["kind"] == "Secret" and c["metadata"]["name"] == name]
+    return secret
+
+
+def test_under_redis_acls_pods_use_their_namespaces_own_user() -> None:
+    """The user asrpool.common.redis_acl names, its password in a Secret of the pool's
+    namespace, and no pools-set announcements (out of that user's keys)."""
+    built = children.build_all(pool(), ACL)
+    data = built[0]["data"]
+    assert data["ASRPOOL_REDIS_URL"] == "redis://asrpool-pods-speech@redis:6379/0"
+    assert data["ASRPOOL_ANNOUNCE_POOL"] == "false"
+    secret = _secret_named(built, "stt-redis")
+    assert secret["metadata"]["namespace"] == "speech"
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert password == seeds.redis_password("redis-seed", "speech")
+    env = next(c for c in built if c["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "ASRPOOL_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
+        "name": "stt-redis", "key": "password"}}} in env
+    elsewhere = _secret_named(children.build_all(pool(namespace="other"), ACL), "stt-redis")
+    assert elsewhere["data"] != secret["data"]
+    assert "redis-seed" not in repr(built)
+
+
+def test_a_new_redis_password_seed_rolls_the_pods() -> None:
+    def template(config: settings.OperatorSettings) -> Any:
+        built = children.build_all(pool(), config)
+        return next(c for c in built if c["kind"] == "Deployment")["spec"]["template"]
+    rotated = CONFIG.model_copy(update={"redis_password_seed": pydantic.SecretStr("other")})
+    assert template(ACL) != template(rotated)
+
+
+def test_redis_acls_and_one_shared_password_secret_are_refused_together() -> None:
+    with pytest.raises(pydantic.ValidationError, match="not both"):
+        settings.OperatorSettings(namespaces=["speech"], redis_password_secret="shared",
+                                  redis_password_seed="redis-seed")
 
 
 def test_a_config_change_changes_the_pod_template() -> None:
@@ -239,9 +284,9 @@ def test_each_pool_gets_its_own_pod_token_from_the_operators_seed() -> None:
     pool's own namespace; a pool of the same name elsewhere gets another one."""
     entry, token = _token_of(children.build_all(pool(), SEEDED))
     assert entry["valueFrom"]["secretKeyRef"] == {"name": "stt-pod-token", "key": "token"}
-    assert token == podtokens.for_pool("chart-seed", "speech/stt")
+    assert token == seeds.pod_token("chart-seed", "speech/stt")
     _, elsewhere = _token_of(children.build_all(pool(namespace="other"), SEEDED))
-    assert elsewhere == podtokens.for_pool("chart-seed", "other/stt") != token
+    assert elsewhere == seeds.pod_token("chart-seed", "other/stt") != token
     secret = next(c for c in children.build_all(pool(), SEEDED) if c["kind"] == "Secret")
     assert secret["metadata"]["namespace"] == "speech"
 

@@ -54,16 +54,17 @@ async def test_pods_join_and_leave_the_list_as_they_get_and_lose_their_ip(
     mark = cluster.mark()
     pods = await cluster.run_deployment(NS, "stt")
     assert len(pods) == 2
+    ids = [naming.pod_id(NS, pod) for pod in pods]  # as the pods heartbeat
     await eventually(lambda: checks.assert_equal(
-        _members(redis_server), {pods[0]: "10.0.0.1", pods[1]: "10.0.0.2"}))
+        _members(redis_server), {ids[0]: "10.0.0.1", ids[1]: "10.0.0.2"}))
 
     await cluster.patch(kube.PODS, NS, pods[0], {"status": {"podIP": None}})  # lost its IP
-    await eventually(lambda: checks.assert_equal(_members(redis_server), {pods[1]: "10.0.0.2"}))
+    await eventually(lambda: checks.assert_equal(_members(redis_server), {ids[1]: "10.0.0.2"}))
     await cluster.patch(kube.PODS, NS, pods[0], {"status": {"podIP": "10.0.0.9"}})
     await eventually(lambda: checks.assert_equal(
-        _members(redis_server), {pods[0]: "10.0.0.9", pods[1]: "10.0.0.2"}))
+        _members(redis_server), {ids[0]: "10.0.0.9", ids[1]: "10.0.0.2"}))
     await cluster.delete(kube.PODS, NS, pods[1])
-    await eventually(lambda: checks.assert_equal(_members(redis_server), {pods[0]: "10.0.0.9"}))
+    await eventually(lambda: checks.assert_equal(_members(redis_server), {ids[0]: "10.0.0.9"}))
 
     assert checks.passes(cluster, mark) == 0  # no reconcile pass ran meanwhile
     calls = [(r.method, r.resource and r.resource.plural, r.subresource)
@@ -87,20 +88,20 @@ async def test_another_pools_pods_and_other_pods_leave_the_list_alone(
     client = redis_server.client()
     await eventually(lambda: checks.assert_equal(
         client.hgetall(registry.pool_members_key(f"{NS}/other")),
-        {registry.MEMBERS_SENTINEL: "", "other-0": "10.0.1.1"}))
+        {registry.MEMBERS_SENTINEL: "", f"{NS}/other-0": "10.0.1.1"}))
     assert _members(redis_server) == {}  # the web pod is none of the pool's
 
 
 def test_an_index_entry_is_a_pod_with_an_ip_under_its_pool() -> None:
     labels = naming.selector("stt")
     assert membership.index_entry("ns", "stt-0", labels, {"podIP": "10.0.0.1"}) == {
-        ("ns", "stt"): ("stt-0", "10.0.0.1")}
+        ("ns", "stt"): ("ns/stt-0", "10.0.0.1")}
     assert membership.index_entry("ns", "stt-0", labels, {}) == {}  # out of the index
     assert membership.index_entry("ns", "stt-0", labels, {"podIP": None}) == {}
     assert naming.registry_name("ns", "stt") == "ns/stt"
-    index = {("ns", "stt"): [("stt-0", "10.0.0.1"), ("stt-1", "10.0.0.2")]}
-    assert membership.pool_members(index, ("ns", "stt")) == {"stt-0": "10.0.0.1",
-                                                             "stt-1": "10.0.0.2"}
+    index = {("ns", "stt"): [("ns/stt-0", "10.0.0.1"), ("ns/stt-1", "10.0.0.2")]}
+    assert membership.pool_members(index, ("ns", "stt")) == {"ns/stt-0": "10.0.0.1",
+                                                             "ns/stt-1": "10.0.0.2"}
     assert membership.pool_members(index, ("ns", "none")) == {}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from asrpool.common import podtokens
+from asrpool.common import seeds
 from asrpool.operator import kube, naming
 from tests.operator import checks, emulator
 from tests.support import redis_servers
@@ -262,7 +262,7 @@ async def test_a_seeded_operator_writes_each_pools_own_pod_token(
     assert secret is not None
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "StreamingASRPool"
     sent = base64.b64decode(secret["data"]["token"]).decode()
-    assert sent == podtokens.for_pool("chart-seed", f"{NS}/stt")
+    assert sent == seeds.pod_token("chart-seed", f"{NS}/stt")
     degraded = await eventually(lambda: checks.condition(cluster, "Degraded"))
     assert degraded["status"] == "False"
 

@@ -224,8 +224,10 @@ def test_a_pools_env_from_cannot_replace_the_operators_variables(environ: Enviro
     operators = children.build_config_map(pool({"name": "tiny"}), CONFIG)["data"]
     found = {"mine": mine, "stt-config": operators, "redis": {"password": "secret"}}
     env = podspecs.environment(server(template), lambda kind, name: found.get(name),
-                               {"status.podIP": "198.18.16.5", "metadata.name": "stt-0"})
+                               {"status.podIP": "198.18.16.5", "metadata.name": "stt-0",
+                                "metadata.namespace": "speech"})
     assert env["ASRPOOL_POOL"] == "speech/stt"
+    assert env["ASRPOOL_POD_ID"] == "speech/stt-0"
     assert env["ASRPOOL_REDIS_URL"] == CONFIG.server_redis_url
     assert env["ASRPOOL_LOG_LEVEL"] == "debug"  # what the operator leaves alone stays the pool's
     environ(env)

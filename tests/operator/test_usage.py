@@ -14,7 +14,7 @@ def beat(pod: str, total: int, free: int, draining: bool = False) -> registry.Po
 
 def pod(name: str, cost: str | None = None) -> dict[str, Any]:
     annotations = {} if cost is None else {naming.DELETION_COST_ANNOTATION: cost}
-    return {"metadata": {"name": name, "annotations": annotations}}
+    return {"metadata": {"name": name, "namespace": "ns", "annotations": annotations}}
 
 
 def test_draining_pods_offer_no_slots_but_their_streams_count() -> None:
@@ -24,8 +24,10 @@ def test_draining_pods_offer_no_slots_but_their_streams_count() -> None:
 
 
 def test_costs_are_live_streams_and_unknown_pods_cost_nothing() -> None:
+    """Pods are named in the API, their beats by pod id (NAMESPACE/NAME)."""
     costs = usage.deletion_costs([pod("a"), pod("b"), pod("new")],
-                                 [beat("a", 8, 3), beat("b", 8, 8), beat("gone", 8, 0)])
+                                 [beat("ns/a", 8, 3), beat("ns/b", 8, 8), beat("ns/gone", 8, 0),
+                                  beat("other/b", 8, 0)])
     assert costs == {"a": 5, "b": 0, "new": 0}
 
 
@@ -47,7 +49,8 @@ async def test_beats_are_read_from_a_real_redis(redis_server: Any) -> None:
 
 
 def test_members_are_the_pods_with_an_ip() -> None:
-    pods = [{"metadata": {"name": "a"}, "status": {"podIP": "10.0.0.1"}},
-            {"metadata": {"name": "b"}, "status": {}},  # not yet scheduled
-            {"metadata": {"name": "c", "deletionTimestamp": "t"}, "status": {"podIP": "10.0.0.3"}}]
-    assert usage.members(pods) == {"a": "10.0.0.1", "c": "10.0.0.3"}
+    pods = [{"metadata": {"name": "a", "namespace": "ns"}, "status": {"podIP": "10.0.0.1"}},
+            {"metadata": {"name": "b", "namespace": "ns"}, "status": {}},  # not yet scheduled
+            {"metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "t"},
+             "status": {"podIP": "10.0.0.3"}}]
+    assert usage.members(pods) == {"ns/a": "10.0.0.1", "ns/c": "10.0.0.3"}

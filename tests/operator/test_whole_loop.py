@@ -25,7 +25,7 @@ from kopf.testing import KopfRunner
 
 from asrpool.common import registry
 from asrpool.common.processes import free_port
-from asrpool.operator import kube
+from asrpool.operator import kube, naming
 from tests.operator import checks, emulator, kubelet
 from tests.support import kyutai_client, redis_servers
 from tests.support.polling import eventually
@@ -94,13 +94,13 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
     await eventually(lambda: checks.assert_equal(answers(router), True), STARTUP)
     members = redis_server.client().hgetall(registry.pool_members_key(f"{NS}/stt"))
     assert members == {registry.MEMBERS_SENTINEL: "", **{  # the routers admit to these only
-        name: pod.ip for name, pod in pods.running.items()}}
+        naming.pod_id(NS, name): pod.ip for name, pod in pods.running.items()}}
 
     url = f"ws://{router}/api/asr-streaming?pool=stt"
     async with kyutai_client.paced_stream(url, WAIT, timeout=200) as stream:
         await eventually(lambda: serving(2, 1), WAIT)
         use = await redis_servers.used_slots(redis_server.url, f"{NS}/stt")
-        (busy,) = [pod for pod, used in use.items() if used]
+        (busy,) = [pod_id.partition("/")[2] for pod_id, used in use.items() if used]
         (idle,) = set(pods.running) - {busy}
 
         await cluster.patch(kube.POOLS, NS, "stt", {"spec": {"slots": 1}})

@@ -18,7 +18,7 @@ import pytest
 import sphn
 import websockets
 
-from asrpool.common import podtokens, protocol
+from asrpool.common import protocol, seeds
 from tests.router import support
 from tests.support import kyutai_client, servers, streams
 from tests.support.redis_servers import RedisServer
@@ -419,9 +419,9 @@ async def test_a_seeded_router_sends_each_pool_its_own_pod_token(
     streams and for uploads."""
     seed = "chart-seed"
     ours = support.pod(redis_server.url, tmp_path, "ours", 1, "speech/stt",
-                       token=podtokens.for_pool(seed, "speech/stt"))
+                       token=seeds.pod_token(seed, "speech/stt"))
     stolen = support.pod(redis_server.url, tmp_path, "stolen", 1, "team-b/stt",
-                         token=podtokens.for_pool(seed, "speech/stt"))
+                         token=seeds.pod_token(seed, "speech/stt"))
     router = support.RouterProcess(redis_server.url, tmp_path, "--pod-attempts", "1",
                                    env={"ASRPOOL_POD_TOKEN_SEED": seed})
     with running(ours, stolen, router):

@@ -1,0 +1,66 @@
+"""Redis users per pool namespace: a pod's credentials reach its own namespace's pools only.
+
+With one Redis password for everyone, whoever can read a Secret in one pool's namespace
+can write any pool's keys: register a "pod" into another namespace's pool, rewrite its
+member list, or its routers' sessions. Under ACLs the operator gives each pool namespace
+its own Redis user (:func:`pod_user`), which it creates and keeps with ``ACL SETUSER`` at
+every pass (a restarted Redis has it again within one pass), whose keys are only those a
+server pod writes for a pool of that namespace (registry: pod ids and pool names are
+NAMESPACE/NAME there):
+
+- ``asrpool:pod:NS/*``: the pod's heartbeat hash and its owner key (and, since a glob
+  cannot stop at a colon, the session counts that routers keep of that namespace's pods:
+  a pod can skew its own namespace's accounting, never another's);
+- ``asrpool:pool:NS/*:pods``: its pool's lease set.
+
+Not the members list (the operator's), the pools set (the operator adds the pool as it
+lists the members), sessions, API keys or queues. The commands are the few that the
+pod's scripts and its connection use; no keyless command that could touch another
+namespace (``FLUSHALL``, ``SCRIPT FLUSH``, ``KEYS``, ``CLIENT KILL``, ``ACL``) and no
+channel. Works on Redis 6.2 and later (the scripts' own calls are checked against the
+calling user).
+
+The password is derived from the operator's seed (asrpool.common.seeds) and sent to
+Redis only as its SHA-256 (``#hash``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import redis.asyncio as aioredis
+
+from asrpool.common import registry
+
+POD_USER_PREFIX = "asrpool-pods-"
+# What a server pod sends: its scripts (registry: claim, beat, remove) and their calls,
+# redis-py's connection setup (AUTH, HELLO; CLIENT SETINFO is refused, which redis-py
+# ignores), and PING.
+POD_COMMANDS = ("auth", "hello", "select", "ping", "time", "evalsha", "eval", "script|load", "get",
+                "set", "del", "hset", "pexpire", "zadd", "zrem")
+
+
+def pod_user(namespace: str) -> str:
+    """The Redis user of the server pods of ``namespace``'s pools."""
+    return POD_USER_PREFIX + namespace
+
+
+def pod_key_patterns(namespace: str) -> list[str]:
+    """The keys that user may touch (the namespace is a DNS label: no glob characters)."""
+    prefix = registry.KEY_PREFIX
+    return [f"{prefix}:pod:{namespace}/*", f"{prefix}:pool:{namespace}/*:pods"]
+
+
+def pod_user_rules(namespace: str, password: str) -> list[str]:
+    """The whole user, from nothing (``reset``): setting it again changes nothing."""
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return ["reset", "on", f"#{digest}", "resetchannels",
+            *(f"~{pattern}" for pattern in pod_key_patterns(namespace)),
+            "-@all", *(f"+{command}" for command in POD_COMMANDS)]
+
+
+async def ensure_pod_user(redis: aioredis.Redis, namespace: str, password: str) -> None:
+    """Create or restore ``namespace``'s pod user, exactly (raises Redis's error: a user
+    without ACL rights gets ``NoPermissionError``)."""
+    await redis.execute_command("ACL", "SETUSER", pod_user(namespace),
+                                *pod_user_rules(namespace, password))
