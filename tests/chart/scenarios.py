@@ -107,7 +107,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "apiKeys": {"enabled": True, "existingSecret": "asr-keys"},
             "podToken": {"existingSecret": "asr-pod-token", "secretKey": "value"},
         },
-        "redis": {"auth": {"existingSecret": "asr-redis", "secretKey": "pw"}},
+        "redis": {"auth": {"existingSecret": "asr-redis"}},
     },
     "redis-without-password": {"redis": {"auth": {"enabled": False}}},
     "no-pod-token": {"auth": {"podToken": {"enabled": False}}},

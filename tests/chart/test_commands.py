@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from asrpool.common import redis_acl, redis_clients, seeds
 from asrpool.operator import children, pools
 from asrpool.operator import cli as operator_cli
 from asrpool.operator import settings as operator_settings
@@ -97,38 +98,61 @@ def test_the_router_probes_and_the_operator_redis_are_real(environ: Environ) -> 
     paths = {getattr(route, "path", None) for route in router_app.create_app(config).routes}
     assert {container["readinessProbe"]["httpGet"]["path"],
             container["livenessProbe"]["httpGet"]["path"]} <= paths
-    assert config.redis_url == "redis://demo-asrpool-redis.asr-system.svc.cluster.local:6379/0"
+    assert config.redis_url == \
+        "redis://asrpool-router@demo-asrpool-redis.asr-system.svc.cluster.local:6379/0"
 
 
-@pytest.mark.parametrize(("scenario", "secret", "key"), [
-    ("external-redis-with-password", "redis-credentials", "redis-password"),
-    ("defaults", "demo-asrpool-redis", "password"),
-])
-def test_the_redis_password_comes_from_its_secret_never_in_a_url(
-    scenario: str, secret: str, key: str, environ: Environ,
+def test_an_external_redis_password_comes_from_its_secret_never_in_a_url(
+    environ: Environ,
 ) -> None:
-    """Router, operator and (through the operator) every server pod read the password
-    from the Secret; no URL, argument or ConfigMap carries it."""
-    from asrpool.common import redis_clients
-
-    config, _ = router_from(scenario, environ)
+    """Router, operator and (through the operator) every server pod read the one password
+    of an external Redis from its Secret; no URL, argument or ConfigMap carries it."""
+    secret, key = "redis-credentials", "redis-password"
+    config, _ = router_from("external-redis-with-password", environ)
     assert config.redis_password_value() == f"secret-{secret}-{key}"
-    operator, _ = operator_from(scenario, environ)
+    operator, _ = operator_from("external-redis-with-password", environ)
     assert operator.redis_password_value() == config.redis_password_value()
     assert not redis_clients.has_password(config.redis_url)
     assert (operator.redis_password_secret, operator.redis_password_secret_key) == (secret, key)
-    manifests = rendering.render(SCENARIOS[scenario])
+    assert operator.redis_password_seed is None  # one trust domain: no users made there
+    manifests = rendering.render(SCENARIOS["external-redis-with-password"])
     assert not any(m["kind"] == "ConfigMap" and "REDIS_PASSWORD" in str(m) for m in manifests)
 
 
-def test_the_built_in_redis_requires_a_generated_password() -> None:
+def test_the_built_in_redis_has_a_user_per_part_and_its_credentials_stay_in_its_namespace(
+    environ: Environ,
+) -> None:
+    """The router and the operator each log in as their own user with their own
+    password; the operator gets the pods' seed (and no shared Secret to hand them); the
+    credentials exist in the release namespace alone."""
     manifests = rendering.render(SCENARIOS["defaults"])
-    secret = rendering.one(manifests, "Secret", "demo-asrpool-redis")
-    assert len(secret["data"]["password"]) > 40  # 40 random characters, base64
+    (secret,) = [s for s in rendering.find(manifests, "Secret")
+                 if s["metadata"]["name"] == "demo-asrpool-redis"]
+    assert secret["metadata"]["namespace"] == rendering.NAMESPACE
+    assert set(secret["data"]) == {"operator-password", "router-password", "pods-seed"}
+    assert all(len(value) > 40 for value in secret["data"].values())  # 40 random, base64
+    assert len(set(secret["data"].values())) == 3
+    router, _ = router_from("defaults", environ)
+    operator, _ = operator_from("defaults", environ)
+    assert router.redis_password_value() == "secret-demo-asrpool-redis-router-password"
+    assert operator.redis_password_value() == "secret-demo-asrpool-redis-operator-password"
+    assert operator.redis_url.startswith("redis://asrpool-operator@")
+    assert operator.redis_password_seed is not None
+    assert operator.redis_password_seed.get_secret_value() == "secret-demo-asrpool-redis-pods-seed"
+    assert operator.redis_password_secret is None
+
+
+def test_the_built_in_redis_turns_its_default_user_off() -> None:
+    manifests = rendering.render(SCENARIOS["defaults"])
     redis = rendering.container(rendering.one(manifests, "StatefulSet", "demo-asrpool-redis"))
     script = redis["args"][0]
-    assert "requirepass $REDIS_PASSWORD" in script and "redis-server -" in script
-    assert {e["name"] for e in redis["env"]} == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
+    assert "redis-server -" in script and "user default off" in script
+    assert "user asrpool-operator on >$OPERATOR_PASSWORD" in script
+    assert "user asrpool-router on >$ROUTER_PASSWORD ~asrpool:*" in script
+    assert {e["name"] for e in redis["env"]} == {"OPERATOR_PASSWORD", "ROUTER_PASSWORD",
+                                                "REDISCLI_AUTH"}
+    assert redis["readinessProbe"]["exec"]["command"] == [
+        "redis-cli", "--user", "asrpool-operator", "ping"]
 
 
 def test_api_keys_reach_the_router_as_the_file_it_loads(environ: Environ) -> None:
@@ -196,19 +220,26 @@ def test_the_server_pods_the_operator_builds_read_their_command_and_environment(
     pool = pools.from_body(manifest)
     built = children.build_all(pool, config)
     config_map = next(c for c in built if c["kind"] == "ConfigMap")
-    (token,) = [c for c in built if c["kind"] == "Secret"]  # the pool's own pod token
+    # The pool's own pod token and its namespace's Redis password.
+    secrets = {c["metadata"]["name"]: {k: base64.b64decode(v).decode()
+                                       for k, v in c["data"].items()}
+               for c in built if c["kind"] == "Secret"}
+    assert set(secrets) == {"stt-first-pod-token", "stt-first-redis"}
     server = rendering.container(next(c for c in built if c["kind"] == "Deployment"))
     args = parse(server)
     assert args.command == "serve"
     assert "envFrom" not in server  # each variable its own env entry: none can be replaced
-    env = resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]},
-                      {token["metadata"]["name"]: {k: base64.b64decode(v).decode()
-                                                   for k, v in token["data"].items()}})
+    env = resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]}, secrets)
     check_fields(env, server_settings.ServerSettings)
     environ(env)
     loaded = server_settings.ServerSettings()
     assert loaded.pool == "asr-system/stt-first" and loaded.batch_size == 32
-    assert loaded.redis_url == config.server_redis_url
+    assert loaded.pod_id == "from-metadata.namespace/from-metadata.name"
+    assert loaded.redis_url == redis_clients.with_username(
+        config.server_redis_url, redis_acl.pod_user(rendering.NAMESPACE))
+    assert loaded.announce_pool is False
+    assert loaded.redis_password_value() == seeds.redis_password(
+        "secret-demo-asrpool-redis-pods-seed", rendering.NAMESPACE)
     # The token the chart's routers send to this pool, derived from the same seed.
     router, _ = router_from("example-pool", environ)
     assert loaded.pod_token is not None

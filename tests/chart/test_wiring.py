@@ -172,7 +172,7 @@ def test_existing_secrets_are_used_and_none_is_made() -> None:
     (keys,) = [volume for volume in volumes if "secret" in volume]
     assert keys["secret"]["secretName"] == "asr-keys"
     ref = next(e for e in router["env"] if e["name"] == "ASRPOOL_REDIS_PASSWORD")["valueFrom"]
-    assert ref == {"secretKeyRef": {"name": "asr-redis", "key": "pw"}}
+    assert ref == {"secretKeyRef": {"name": "asr-redis", "key": "router-password"}}
 
 
 def test_a_redis_without_password_is_a_choice_not_a_default() -> None:

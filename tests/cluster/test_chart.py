@@ -173,7 +173,7 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
                                           headers=release.key_header) as stream:
         await eventually(lambda: slots_reported(2, 1), WAIT, period=1.0)
         use = await redis_servers.used_slots(release.redis.url, f"{namespace}/stt", REDIS_PASSWORD)
-        (busy,) = [pod for pod, used in use.items() if used]
+        (busy,) = [pod_id.partition("/")[2] for pod_id, used in use.items() if used]
         (idle,) = pod_names(cluster, namespace, "stt") - {busy}
 
         # The real ReplicaSet controller picks the pod to delete: the idle one.

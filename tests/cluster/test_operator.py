@@ -352,8 +352,9 @@ async def test_pods_join_the_member_list_as_they_get_their_ip_not_at_a_pass(
         ips = {pod.metadata.name: pod.status.pod_ip for pod in pods
                if pod.status.pod_ip and pod.metadata.deletion_timestamp is None}
         assert len(ips) == count, ips
-        members = client.hgetall(key)
-        assert {n: ip for n, ip in members.items() if n != registry.MEMBERS_SENTINEL} == ips
+        members = client.hgetall(key)  # by pod id, as the pods heartbeat
+        assert {n: ip for n, ip in members.items() if n != registry.MEMBERS_SENTINEL} == {
+            naming.pod_id(namespace, name): ip for name, ip in ips.items()}
         return ips
 
     async with running(namespace, redis_server.url, resync_seconds=3600.0):

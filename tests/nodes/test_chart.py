@@ -21,8 +21,9 @@ from typing import Any
 
 import helm_python
 import pytest
+import redis
 
-from asrpool.common import protocol
+from asrpool.common import protocol, redis_acl, redis_clients, registry
 from asrpool.localcluster import netns
 from asrpool.operator import naming, sources
 from tests.nodes.clusters import NodeCluster
@@ -189,20 +190,45 @@ def test_a_stream_through_the_routers_service_gets_words(
 @pytest.fixture(scope="module")
 def chart_redis(cluster: NodeCluster, release: Release) -> Iterator[tuple[str, str]]:
     """The chart's Redis through a port-forward (its NetworkPolicy admits no one else
-    from here), and its password from the chart's Secret."""
+    from here), as the operator's user, its password from the chart's Secret."""
     pod = component(cluster, release.namespace, "redis")
     secret = cluster.get(release.namespace, "secret", f"{RELEASE}-redis")
-    password = base64.b64decode(secret["data"]["password"]).decode()
+    password = base64.b64decode(secret["data"]["operator-password"]).decode()
     with cluster.port_forward(release.namespace, pod["metadata"]["name"], 6379) as port:
-        yield f"redis://127.0.0.1:{port}/0", password
+        yield f"redis://asrpool-operator@127.0.0.1:{port}/0", password
+
+
+async def assert_pods_are_confined_to_their_namespace(
+        cluster: NodeCluster, namespace: str, name: str, operator_url: str) -> None:
+    """The pool's pods heartbeat as their namespace's own Redis user (the pool serves),
+    whose password the operator wrote into the pool's namespace; with it, no member list
+    and no other namespace's pool can be written."""
+    config_map = cluster.get(namespace, "configmap", f"{name}-config")
+    user = redis_acl.pod_user(namespace)
+    assert config_map["data"]["ASRPOOL_REDIS_URL"].startswith(f"redis://{user}@")
+    secret = cluster.get(namespace, "secret", f"{name}-redis")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    url = redis_clients.with_username(operator_url, user)
+    client = redis_clients.connect(url, 5.0, password=password)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await registry.publish_members(client, naming.registry_name(namespace, name),
+                                           {f"{namespace}/rogue": "198.18.0.9"})
+        beat = registry.PodHeartbeat("other/rogue", "other/stt", "198.18.0.9:8080", 8, 8,
+                                     False, "m")
+        with pytest.raises(redis.exceptions.ResponseError, match="one of the keys"):
+            await registry.write_heartbeat(client, beat, announce=False)
+    finally:
+        await client.aclose()
 
 
 async def busy_pod(url: str, registry_name: str, password: str) -> str:
-    """The one pod whose heartbeat reports a used slot."""
+    """The name of the one pod whose heartbeat reports a used slot (its id is
+    NAMESPACE/NAME)."""
     deadline = asyncio.get_running_loop().time() + WAIT
     while True:
         use = await redis_servers.used_slots(url, registry_name, password)
-        busy = [pod for pod, used in use.items() if used]
+        busy = [pod_id.partition("/")[2] for pod_id, used in use.items() if used]
         if len(busy) == 1:
             return busy[0]
         assert asyncio.get_running_loop().time() < deadline, use
@@ -218,6 +244,7 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
     await eventually(lambda: serving(cluster, namespace, "roll", 2), STARTUP, period=2.0)
 
     url, password = chart_redis
+    await assert_pods_are_confined_to_their_namespace(cluster, namespace, "roll", url)
     stream_url = f"ws://{release.router}/api/asr-streaming?pool=roll"
     key = {protocol.API_KEY_HEADER: release.api_key}
     async with kyutai_client.paced_stream(stream_url, WAIT, timeout=600, headers=key) as stream:

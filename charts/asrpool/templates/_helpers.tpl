@@ -59,24 +59,43 @@ app.kubernetes.io/managed-by: asrpool-operator
 {{- end }}
 {{- end }}
 
-{{/* The Secret holding the Redis password, and its key; empty name: no password. */}}
-{{- define "asrpool.redisPasswordSecret" -}}
-{{- if .Values.redis.enabled }}
-{{- if .Values.redis.auth.enabled }}
+{{/* Whether the chart's own Redis runs with ACL users (its default user off): a user
+for the operator (with ACL rights), one for the routers, and one per pool namespace
+that the operator keeps (asrpool.common.redis_acl). */}}
+{{- define "asrpool.redisAcl" -}}
+{{- if and .Values.redis.enabled .Values.redis.auth.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The Secret of the built-in Redis's credentials, in the release namespace only. */}}
+{{- define "asrpool.redisCredentialsSecret" -}}
 {{- default (printf "%s-redis" (include "asrpool.fullname" .)) .Values.redis.auth.existingSecret }}
 {{- end }}
-{{- else }}
-{{- .Values.redis.external.passwordSecret.name }}
+
+{{/* The Secret holding a component's Redis password and its key; empty name: none.
+The built-in Redis: the component's own user's; an external one: its one password. */}}
+{{- define "asrpool.redisPasswordSecret" -}}
+{{- $ctx := index . 0 }}
+{{- if include "asrpool.redisAcl" $ctx }}
+{{- include "asrpool.redisCredentialsSecret" $ctx }}
+{{- else if not $ctx.Values.redis.enabled }}
+{{- $ctx.Values.redis.external.passwordSecret.name }}
 {{- end }}
 {{- end }}
 {{- define "asrpool.redisPasswordKey" -}}
-{{- if .Values.redis.enabled }}{{ .Values.redis.auth.secretKey }}{{ else }}{{ .Values.redis.external.passwordSecret.key }}{{ end }}
+{{- $ctx := index . 0 }}
+{{- if include "asrpool.redisAcl" $ctx }}{{ printf "%s-password" (index . 1) }}{{ else }}{{ $ctx.Values.redis.external.passwordSecret.key }}{{ end }}
 {{- end }}
 
-{{/* Container env for Redis: the URL, and the password by reference to its Secret. */}}
+{{/* Container env for Redis, for a component (list . "router" | "operator"): the URL
+(with the component's user on the built-in Redis), and the password by reference. */}}
 {{- define "asrpool.redisEnv" -}}
+{{- $ctx := index . 0 }}
+{{- $url := include "asrpool.redisUrl" $ctx }}
+{{- if include "asrpool.redisAcl" $ctx }}
+{{- $url = replace "redis://" (printf "redis://asrpool-%s@" (index . 1)) $url }}
+{{- end }}
 - name: ASRPOOL_REDIS_URL
-  value: {{ include "asrpool.redisUrl" . | quote }}
+  value: {{ $url | quote }}
 {{- with include "asrpool.redisPasswordSecret" . }}
 - name: ASRPOOL_REDIS_PASSWORD
   valueFrom:
