@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from asrpool.common import registry
+
 GROUP = "asrpool.io"
 VERSION = "v1alpha1"
 PLURAL = "streamingasrpools"
@@ -23,7 +25,7 @@ SERVER_CONTAINER = "server"
 def registry_name(namespace: str, pool_name: str) -> str:
     """The pool in the slot registry: ``namespace/name``, so that pools of one name in
     two namespaces never share pods (router.poolnames resolves clients' names)."""
-    return f"{namespace}/{pool_name}"
+    return registry.in_namespace(namespace, pool_name)
 
 
 def selector(pool_name: str) -> dict[str, str]:
@@ -78,4 +80,4 @@ REDIS_PASSWORD_KEY = "password"  # the key of the password in that Secret
 def pod_id(namespace: str, pod_name: str) -> str:
     """A server pod's id in the registry: NAMESPACE/NAME, unique across namespaces, and
     within the keys of its namespace's Redis user (common.redis_acl)."""
-    return f"{namespace}/{pod_name}"
+    return registry.in_namespace(namespace, pod_name)

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from asrpool.common import dtypes
 from asrpool.operator import naming, sources, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
@@ -23,8 +24,7 @@ DEFAULT_CONTEXT = 375  # model steps of 80 ms: 30 s of rolling context
 DEFAULT_DRAIN_GRACE_SECONDS = 60
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_PULL_POLICY = "IfNotPresent"
-DEFAULT_DTYPE = "auto"  # the server's policy: bfloat16 on CUDA, float32 on the CPU
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEFAULT_DTYPE = dtypes.AUTO  # the server's policy: bfloat16 on CUDA, float32 on the CPU
 
 
 class InvalidPool(ValueError):
@@ -201,8 +201,8 @@ def _template(spec: Mapping[str, Any]) -> templates.PodTemplate:
 
 def _dtype(spec: Mapping[str, Any]) -> str:
     value = spec.get("dtype") or DEFAULT_DTYPE
-    if value not in DTYPES:
-        raise InvalidPool(f"spec.dtype must be one of {', '.join(DTYPES)}, got {value!r}")
+    if value not in dtypes.DTYPES:
+        raise InvalidPool(f"spec.dtype must be one of {', '.join(dtypes.DTYPES)}, got {value!r}")
     return str(value)
 
 

@@ -83,7 +83,7 @@ async def _observe_invalid(context: Context, body: kopf.Body, message: str) -> R
     """Report an invalid pool; its children are left exactly as they are."""
     name, namespace = body.metadata.name or "", body.metadata.namespace or "default"
     deployment = await _deployment(context, namespace, name)
-    beats = await _read_beats(context, f"{namespace}/{name}")  # as pools.Pool.registry_name
+    beats = await _read_beats(context, naming.registry_name(namespace, name))
     problem = statuses.Problem("InvalidSpec", message)
     observed = _observed(body, name, _replicas(deployment) or 0, deployment, beats, problem)
     return Result(None, observed, [])

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from asrpool.common import registry
+
 # A StreamingASRPool's name (a DNS subdomain) and a namespace's (a DNS label).
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -23,4 +25,4 @@ def resolve(name: str, namespace: str | None) -> str | None:
         return None
     if slash:
         return name if _NAMESPACE.fullmatch(scope) else None
-    return f"{namespace}/{bare}" if namespace else bare
+    return registry.in_namespace(namespace, bare) if namespace else bare

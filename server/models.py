@@ -24,7 +24,7 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 from moshi.utils import compile as moshi_compile
 
-from asrpool.common import protocol, weights
+from asrpool.common import dtypes, protocol, weights
 from asrpool.server import codebooks, tokenizers
 
 FRAME_RATE = protocol.FRAME_RATE
@@ -115,9 +115,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-
-
 def default_dtype(device: str | torch.device) -> torch.dtype:
     """The one dtype policy: bfloat16 on CUDA, float32 elsewhere."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -127,9 +124,9 @@ def resolve_dtype(choice: str, device: str | torch.device) -> torch.dtype:
     """``auto`` is :func:`default_dtype`; an explicit choice wins. ``serve`` (and so every
     pool's pods, whose ``spec.dtype`` arrives as ``ASRPOOL_DTYPE``), ``transcribe`` and the
     benchmarks all decide here."""
-    if choice not in DTYPE_CHOICES:
-        raise ModelError(f"unknown dtype {choice!r}: expected one of {', '.join(DTYPE_CHOICES)}")
-    if choice == "auto":
+    if choice not in dtypes.DTYPES:
+        raise ModelError(f"unknown dtype {choice!r}: expected one of {', '.join(dtypes.DTYPES)}")
+    if choice == dtypes.AUTO:
         return default_dtype(device)
     dtype: torch.dtype = getattr(torch, choice)
     return dtype

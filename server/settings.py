@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
 
 import pydantic
 
-from asrpool.common import limits, protocol, redis_clients, registry
+from asrpool.common import dtypes, limits, protocol, redis_clients, registry
 from asrpool.server import decoding
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
@@ -31,8 +29,8 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=None, ge=1, description="rolling KV cache length in steps (default: the model's)")
     device: str = pydantic.Field(default="cpu", description="torch device (cpu, cuda, cuda:1)")
     # "auto" is the one dtype policy (models.default_dtype): bfloat16 on CUDA, else float32.
-    dtype: Dtype = pydantic.Field(
-        default="auto", description="auto is bfloat16 on CUDA, float32 elsewhere")
+    dtype: dtypes.Dtype = pydantic.Field(
+        default=dtypes.AUTO, description="auto is bfloat16 on CUDA, float32 elsewhere")
     torch_threads: int | None = pydantic.Field(
         default=None, ge=1, description="CPU intra-op threads for torch (default: torch's)")
 

@@ -43,6 +43,14 @@ DEFAULT_POOL = "default"
 DEFAULT_LEASE_MS = 3000
 
 
+def in_namespace(namespace: str, name: str) -> str:
+    """A Kubernetes object's name in the registry, ``NAMESPACE/NAME``: the name of a
+    ``StreamingASRPool``'s pool and the id of its server pods, so that two namespaces'
+    pools or pods of one name never meet (and a namespace's Redis user can be given
+    exactly its own keys: asrpool.common.redis_acl)."""
+    return f"{namespace}/{name}"
+
+
 def pod_key(pod_id: str) -> str:
     return f"{KEY_PREFIX}:pod:{pod_id}"
 

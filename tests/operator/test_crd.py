@@ -162,3 +162,18 @@ def test_status_the_operator_writes_fits_the_schema() -> None:
     assert set(status_schema["properties"]) >= {
         "observedGeneration", "replicas", "readyReplicas", "slots", "freeSlots",
         "activeStreams", "selector", "conditions"}
+
+
+def test_the_crd_takes_the_one_dtype_vocabulary() -> None:
+    """spec.dtype, --dtype (server settings) and the model loader share asrpool.common.dtypes."""
+    from asrpool.common import dtypes
+    from asrpool.server import models
+    from asrpool.server import settings as server_settings
+
+    spec = schemas.version(schemas.load_crd())["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert tuple(spec["properties"]["dtype"]["enum"]) == dtypes.DTYPES
+    assert server_settings.ServerSettings.model_fields["dtype"].annotation == dtypes.Dtype
+    for dtype in dtypes.DTYPES:
+        models.resolve_dtype(dtype, "cpu")  # each one loads
+    with pytest.raises(models.ModelError, match="expected one of auto, bfloat16"):
+        models.resolve_dtype("int8", "cpu")
