@@ -245,7 +245,8 @@ async def _dropped_resumable_stream(router: support.RouterProcess,
 async def _resume_and_close(router: support.RouterProcess, opened: support.Opened) -> None:
     again = await support.connect(router.ws_url,
                                   {protocol.RESUME_TOKEN_HEADER: opened.resume_token})
-    assert (await support.first_message(again.ws))["type"] == "Ready"
+    first = await support.first_message(again.ws)
+    assert first["type"] == "Ready", (first, router.log())  # once an Error in a loaded CI
     assert again.session_id == opened.session_id
     assert again.ws.response is not None
     assert again.ws.response.headers[protocol.RESUME_OFFSET_HEADER] == str(1920 * 3)
