@@ -44,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -155,7 +155,8 @@ class PodStep:
         self.buffers = slots.SlotBuffers(batch)
         self.sessions = sessions.Sessions(self.buffers, resume_grace=0.0, max_pending=10_000,
                                           on_change=lambda: None)
-        self.streams = [self.sessions.open() for _ in range(batch)]
+        # batch streams in batch slots: none is None
+        self.streams = cast(list[sessions.Stream], [self.sessions.open() for _ in range(batch)])
         self.engine = engine.BatchedEngine(model, batch)
         self.intake = intake.build(kind, batch, steps)
         self.calls = 0

@@ -194,7 +194,7 @@ def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]
     rtts: list[float] = []
     steady = _SteadyWindow(pid, rtts, seconds) if pid else None
     cpu0, t0 = (tree_cpu(pid) if pid else 0.0), time.monotonic()
-    run = uvloop.run(wsload.run_streams("127.0.0.1", stack.ports[
+    run: dict[str, Any] = uvloop.run(wsload.run_streams("127.0.0.1", stack.ports[
         "backend" if mode == "direct" else mode], protocol.STREAMING_PATH, count, seconds, rtts))
     cpu = (tree_cpu(pid) - cpu0) if pid else math.nan
     elapsed = time.monotonic() - t0

@@ -146,10 +146,10 @@ class Simulation:
                 self._expire(start)
                 self._arrive(duration)
             elif fleet.free:
-                pod = fleet.choose()
-                assert pod is not None
-                fleet.place(pod, start + duration)
-                push(events, (start + duration, END, pod.index))
+                chosen = fleet.choose()
+                assert chosen is not None
+                fleet.place(chosen, start + duration)
+                push(events, (start + duration, END, chosen.index))
                 counts.arrivals += 1
                 counts.admitted += 1
                 counts.audio_seconds += duration

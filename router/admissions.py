@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 
@@ -117,7 +117,8 @@ class Admissions:
         )
         reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
         if reply.outcome != "ok":
-            return Refused(reply.outcome, reply.rank)
+            # ADMIT answers 'ok' or one of the reasons (scripts.AdmitReply).
+            return Refused(cast(Reason, reply.outcome), reply.rank)
         return Session(
             session_id=request.token.session_id,
             pool=request.pool,
@@ -204,7 +205,8 @@ class Admissions:
                 scripts.RenewArgs(s.session_id, s.conn, s.pod_id, s.key_id) for s in sessions])))
         async with self.redis.pipeline(transaction=False) as pipe:
             for s in sessions:
-                args = [s.session_id, s.conn, hold_ms, s.pod_id, s.key_id, *s.fields()]
+                args: list[str | int] = [s.session_id, s.conn, hold_ms, s.pod_id, s.key_id,
+                                         *s.fields()]
                 await self._renew_whole(args=args, client=pipe)
             return list(await pipe.execute())
 

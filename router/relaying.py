@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import cast
+from typing import Any, cast
 
 from asrpool.common import framing, protocol
 from asrpool.router import frames, links, metrics, proxying
@@ -93,7 +93,8 @@ class Relay:
         self._schedule_ping()
         lapse = asyncio.ensure_future(pod_gone.wait())
         try:
-            await asyncio.wait([self.ended, lapse], return_when=asyncio.FIRST_COMPLETED)
+            waited: list[asyncio.Future[Any]] = [self.ended, lapse]
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         finally:
             lapse.cancel()
         self.end(proxying.PodLost("the pod's heartbeat lapsed"))  # unless it ended already

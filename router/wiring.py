@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from asrpool.common import auth, heap, rates, redis_clients
 from asrpool.router import admissions, forwarding, leasing, metrics, settings, throttling
+from asrpool.router.admissions import Sessions
 
 
 @dataclasses.dataclass
@@ -18,7 +19,7 @@ class Deps:
     config: settings.RouterSettings
     redis: aioredis.Redis
     admissions: admissions.Admissions
-    sessions: admissions.Sessions
+    sessions: Sessions  # admissions.Sessions: the field above hides the module
     keyring: auth.KeyRing | None
     meters: metrics.Metrics
     new_streams: throttling.NewStreams

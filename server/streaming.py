@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 from starlette import responses, websockets
 from starlette.types import Message
@@ -83,7 +84,8 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
     reader = asyncio.create_task(_read(ws, pod, handle))
     writer = asyncio.create_task(_write(ws, handle))
     try:
-        await asyncio.wait({reader, writer, kick}, return_when=asyncio.FIRST_COMPLETED)
+        waited: set[asyncio.Future[Any]] = {reader, writer, kick}
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         outcome: outcomes.Outcome
         if reader.done():
             outcome = reader.result()

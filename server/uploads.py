@@ -69,7 +69,8 @@ async def _transcribed(handle: handles.Handle, pcm: np.ndarray,
     feeder = asyncio.create_task(_feed(handle, pcm))
     collector = asyncio.create_task(_collect(handle))
     try:
-        await asyncio.wait({collector, kick, gone}, return_when=asyncio.FIRST_COMPLETED)
+        waited: set[asyncio.Future[Any]] = {collector, kick, gone}
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if gone.done():
             raise bodies.ClientGone
         if not collector.done():

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from pydantic import fields
 
     SettingsClass = type[pydantic_settings.BaseSettings]
-    Extras = Callable[[argparse.ArgumentParser, SettingsClass], None]
+    Settings = TypeVar("Settings", bound=pydantic_settings.BaseSettings)
+    Extras = Callable[[argparse.ArgumentParser, type[Settings]], None]
 
 EXIT_BAD_INPUT = 2  # as argparse exits for a bad flag
 _METAVARS: dict[type, str] = {int: "N", float: "NUMBER", str: "TEXT", Path: "PATH"}
@@ -84,8 +85,8 @@ class CommandParser(argparse.ArgumentParser):
 
 def add_command(
     subparsers: argparse._SubParsersAction[Any], name: str, *,
-    settings: Callable[[], SettingsClass], own: Collection[str] = (),
-    extras: Extras | None = None, **parser_options: Any,
+    settings: Callable[[], type[Settings]], own: Collection[str] = (),
+    extras: Extras[Settings] | None = None, **parser_options: Any,
 ) -> argparse.ArgumentParser:
     """A subcommand whose flags are the fields of ``settings()`` (a function, so that the
     class is imported only when the flags are needed), plus ``extras`` for the fields in
