@@ -18,6 +18,7 @@ from typing import Protocol
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from asrpool.bench import isolation
 from asrpool.common import protocol
@@ -44,7 +45,7 @@ def build(kind: str, batch: int, steps: int) -> Intake:
     raise ValueError(f"unknown input kind {kind!r}: one of {', '.join(KINDS)}")
 
 
-def _audio(frames: int) -> np.ndarray:
+def _audio(frames: int) -> NDArray[np.float32]:
     return isolation.speechlike(frames * protocol.FRAME_SIZE / protocol.SAMPLE_RATE, seed=0)
 
 

@@ -25,6 +25,7 @@ from typing import cast
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from asrpool.bench import devices
 from asrpool.common import protocol
@@ -35,21 +36,23 @@ SAMPLE_RATE = protocol.SAMPLE_RATE
 Plan = list[list[tuple[str, int]]]  # per step: ('join'|'reset'|'leave'|'frame', slot)
 
 
-def speechlike(seconds: float, seed: int) -> np.ndarray:
+def speechlike(seconds: float, seed: int) -> NDArray[np.float32]:
     """Noise shaped by a random syllable-rate envelope plus a wandering tone (24 kHz)."""
     rng = np.random.default_rng(seed)
     n = int(seconds * SAMPLE_RATE) // FRAME_SIZE * FRAME_SIZE
     t = np.arange(n) / SAMPLE_RATE
     envelope = np.abs(np.sin(2 * np.pi * rng.uniform(2, 5) * t + rng.uniform(0, 6)))
     tone = np.sin(2 * np.pi * np.cumsum(rng.uniform(100, 400, n)) / SAMPLE_RATE)
-    return (0.2 * envelope * (0.5 * rng.standard_normal(n) + tone)).astype(np.float32)
+    samples = 0.2 * envelope * (0.5 * rng.standard_normal(n) + tone)
+    pcm: NDArray[np.float32] = samples.astype(np.float32)
+    return pcm
 
 
 @dataclasses.dataclass
 class Session:
     slot: int
     audio_seed: int
-    frames: list[np.ndarray] = dataclasses.field(default_factory=list)
+    frames: list[NDArray[np.float32]] = dataclasses.field(default_factory=list)
     tokens: list[int] = dataclasses.field(default_factory=list)
     codes: list[list[int]] = dataclasses.field(default_factory=list)
     events: list[object] = dataclasses.field(default_factory=list)
@@ -86,7 +89,7 @@ def run_batched(eng: engine.BatchedEngine, plan: Plan,
                 garbage: np.random.Generator | None = None) -> list[Session]:
     sessions: list[Session] = []
     current: dict[int, Session] = {}
-    audio: dict[int, np.ndarray] = {}
+    audio: dict[int, NDArray[np.float32]] = {}
     seconds = len(plan) * FRAME_SIZE / SAMPLE_RATE + 1
     for actions in plan:
         frames = {}

@@ -246,8 +246,9 @@ def compare(stack: Stack, count: int, seconds: float, rounds: int) -> dict[str, 
                   flush=True)
 
     def mean(mode: str, field: str) -> float:
-        values = [p["rtt"].get(field, math.nan) if field in ("p50_ms", "p99_ms") else p[field]
-                  for p in phases[mode]]
+        values: list[float] = [
+            p["rtt"].get(field, math.nan) if field in ("p50_ms", "p99_ms") else p[field]
+            for p in phases[mode]]
         return sum(values) / len(values)
 
     out: dict[str, Any] = {"streams": count, "seconds": seconds, "phases": phases}

@@ -299,13 +299,18 @@ def _valid(rng: random.Random) -> bytes:
     choice = rng.randrange(4)
     if choice == 0:
         pcm = np.asarray([rng.uniform(-1, 1) for _ in range(rng.randint(0, 64))], np.float32)
-        return msgpack.packb({"type": "Audio", "pcm": pcm.tolist()}, use_single_float=True)
+        audio: bytes = msgpack.packb({"type": "Audio", "pcm": pcm.tolist()},
+                                     use_single_float=True)
+        return audio
     if choice == 1:
-        return msgpack.packb({"type": "Marker", "id": rng.randint(-2**63, 2**63 - 1)})
+        marker: bytes = msgpack.packb({"type": "Marker", "id": rng.randint(-2**63, 2**63 - 1)})
+        return marker
     if choice == 2:
-        return msgpack.packb({"type": "Init"})
-    return msgpack.packb({"type": "OggOpus", "data": b"OggS" + rng.randbytes(40)},
-                         use_bin_type=True)
+        init: bytes = msgpack.packb({"type": "Init"})
+        return init
+    opus: bytes = msgpack.packb({"type": "OggOpus", "data": b"OggS" + rng.randbytes(40)},
+                                use_bin_type=True)
+    return opus
 
 
 def _mutated(rng: random.Random, data: bytes) -> bytes:

@@ -149,7 +149,8 @@ class Kube:
             raise KubeError(f"{method} {path}: {exc.status} {_reason(exc)}", exc.status) from exc
         except (OSError, urllib3.exceptions.HTTPError) as exc:  # no answer at all
             raise KubeError(f"{method} {path}: {exc}") from exc
-        return json.loads(response.data or b"{}")
+        answer: dict[str, Any] = json.loads(response.data or b"{}")
+        return answer
 
 
 def _reason(exc: kubernetes.client.ApiException) -> str:

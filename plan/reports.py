@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asrpool.plan import simulating
@@ -98,7 +98,7 @@ def notes(out: dict[str, Any], plan: simulating.Plan) -> list[str]:
 
 def table(summaries: Sequence[dict[str, Any]]) -> str:
     """The headline numbers, one column per run."""
-    rows = [
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("run", lambda s: s["label"]),
         ("arrivals / admitted", lambda s: f"{s['arrivals']} / {s['admitted']}"),
         ("queued / refused", lambda s: f"{s['queued']} / {s['refused']}"),

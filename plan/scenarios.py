@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 DAY = 86_400.0
 CHUNK_SECONDS = 3_600.0  # arrivals are generated one simulated hour at a time
@@ -67,7 +68,7 @@ class Traffic:
     def horizon(self) -> float:
         return self.hours * 3600.0
 
-    def rate_at(self, seconds: np.ndarray) -> np.ndarray:
+    def rate_at(self, seconds: NDArray[np.float64]) -> NDArray[np.float64]:
         phase = 2 * np.pi * (seconds - 4 * 3600.0) / DAY
         return self.peak_rate * (self.trough + (1 - self.trough) * (1 - np.cos(phase)) / 2)
 
@@ -99,7 +100,8 @@ class Traffic:
         biased = self.durations(rng, n, self.duration_sigma**2)
         return list((biased * (1.0 - rng.random(n))).tolist())
 
-    def durations(self, rng: np.random.Generator, n: int, shift: float = 0.0) -> np.ndarray:
+    def durations(self, rng: np.random.Generator, n: int,
+                  shift: float = 0.0) -> NDArray[np.float64]:
         mu = math.log(self.mean_duration) - self.duration_sigma**2 / 2 + shift
         return rng.lognormal(mu, self.duration_sigma, n)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, cast
+from typing import Any
 
 from asrpool.common import framing, protocol
 from asrpool.router import frames, links, metrics, proxying
@@ -64,7 +64,7 @@ class Relay:
         send_timeout_seconds: float,
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        self.client = cast(asyncio.Transport, handover.hand_over(self.shutdown))
+        self.client = handover.hand_over(self.shutdown)
         self.client_protocol, self.link = handover, link
         self.up = frames.Scanner(True, max_bytes, frozenset({frames.CLOSE, frames.PONG}))
         self.down = frames.Scanner(False, max_bytes, frozenset({frames.CLOSE, frames.PING}))

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 NOT_AUDIO = 2  # exit codes of the child, each with its reason on standard error
 TOO_LONG = 3
@@ -49,7 +50,7 @@ class Refused(Exception):
         self.message = message
 
 
-async def decode(body: bytes, limits: Limits) -> np.ndarray:
+async def decode(body: bytes, limits: Limits) -> NDArray[np.float32]:
     """The body's audio, 24 kHz mono float32; raises :class:`Refused`."""
     child = await asyncio.create_subprocess_exec(
         # -P: the working directory is not put on sys.path (a checkout's operator/

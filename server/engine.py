@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from moshi.models.lm import LMGen
 from moshi.modules.transformer import RingKVCache
+from numpy.typing import NDArray
 
 from asrpool.common import protocol
 from asrpool.server import events as ev
@@ -122,8 +124,8 @@ class BatchedEngine:
         self._check_slot(slot)
         self.decoders[slot].add_marker(marker_id, frames_pending)
 
-    def step(self, frames: Mapping[int, np.ndarray],
-             masked_audio: np.ndarray | None = None) -> StepResult:
+    def step(self, frames: Mapping[int, NDArray[np.float32]],
+             masked_audio: NDArray[np.floating[Any]] | None = None) -> StepResult:
         """Run one batched step over the slots in ``frames`` (slot -> 1920 samples).
 
         ``masked_audio`` is what the rows of the other slots carry (zeros by default);
@@ -139,8 +141,8 @@ class BatchedEngine:
         self.steps_run += 1
         return self._decode(sorted(frames), text_tokens, prs, codes)
 
-    def _load_frames(self, frames: Mapping[int, np.ndarray],
-                     masked_audio: np.ndarray | None) -> None:
+    def _load_frames(self, frames: Mapping[int, NDArray[np.float32]],
+                     masked_audio: NDArray[np.floating[Any]] | None) -> None:
         for slot, frame in frames.items():
             self._check_slot(slot)
             check_frame(frame)
@@ -149,7 +151,9 @@ class BatchedEngine:
             self._pcm[slot, 0] = frame
 
     @torch.no_grad()
-    def _forward(self, mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _forward(
+        self, mask: torch.Tensor
+    ) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
         pcm = torch.from_numpy(self._pcm).to(self.device, non_blocking=True)
         self.model.mimi.set_exec_mask(mask)
         self.lm_gen.set_exec_mask(mask)
@@ -166,8 +170,8 @@ class BatchedEngine:
         return (packed[:, 0].astype(np.int64), packed[:, 1:1 + n_heads],
                 packed[:, 1 + n_heads:].astype(np.int64))
 
-    def _decode(self, slots: list[int], text_tokens: np.ndarray, prs: np.ndarray,
-                codes: np.ndarray) -> StepResult:
+    def _decode(self, slots: list[int], text_tokens: NDArray[np.int64], prs: NDArray[np.float32],
+                codes: NDArray[np.int64]) -> StepResult:
         events: dict[int, list[ev.Event]] = {}
         for slot in slots:
             decoder = self.decoders[slot]
@@ -196,7 +200,7 @@ class BatchedEngine:
             _tensor_bytes(t, seen) for t in (self._prev_codes, self._pad_codes))
 
 
-def check_frame(frame: np.ndarray) -> None:
+def check_frame(frame: NDArray[np.float32]) -> None:
     if not isinstance(frame, np.ndarray) or frame.shape != (FRAME_SIZE,):
         shape = getattr(frame, "shape", type(frame).__name__)
         raise EngineInputError(f"a frame must be {FRAME_SIZE} mono samples, got {shape}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from numpy.typing import NDArray
 
 from asrpool.common import protocol
 from asrpool.server import metrics, outcomes, sessions, settings, slots
@@ -91,7 +92,7 @@ class Handle:
         stream.markers_waiting += 1
         self._buffers.push_marker(stream.slot, marker_id)
 
-    def push_audio(self, pcm: np.ndarray) -> None:
+    def push_audio(self, pcm: NDArray[np.float32]) -> None:
         self._buffers.push_audio(self._stream.slot, pcm)
 
     def restart(self) -> None:

@@ -13,6 +13,7 @@ import collections
 import dataclasses
 
 import numpy as np
+from numpy.typing import NDArray
 
 from asrpool.common import oggopus, protocol
 
@@ -135,7 +136,7 @@ class OpusDecoder:
         self._head: int | None = None  # the first waiting page's samples, once counted
         self.pending = 0  # bytes of whole pages not decoded yet
 
-    def decode(self, data: bytes, room: int | None = None) -> np.ndarray:
+    def decode(self, data: bytes, room: int | None = None) -> NDArray[np.float32]:
         """Decode ``data`` and the pages waiting before it: all of them, or (``room``
         samples given) whole pages until they fill the room, one page at least."""
         first = self._pages.count == 0
@@ -147,8 +148,8 @@ class OpusDecoder:
             self.pending += len(page)
         return self._decode_waiting(room)
 
-    def _decode_waiting(self, room: int | None) -> np.ndarray:
-        pcm: list[np.ndarray] = []
+    def _decode_waiting(self, room: int | None) -> NDArray[np.float32]:
+        pcm: list[NDArray[np.float32]] = []
         decoded = 0
         while self._waiting:
             samples = self._head_samples()
@@ -175,7 +176,7 @@ class OpusDecoder:
                           // oggopus.RATE)
         return self._head
 
-    def _decode_page(self, page: bytes) -> np.ndarray:
+    def _decode_page(self, page: bytes) -> NDArray[np.float32]:
         try:  # one page at a time: sphn's reader fails on many pages in one call
             pcm = self._reader.append_bytes(page)
         except ValueError as exc:  # sphn reports what it cannot decode as ValueError
@@ -190,7 +191,7 @@ class StreamInput:
     kind: str | None = None  # "Audio" | "OggOpus"
     opus: OpusDecoder | None = None
 
-    def pcm(self, message: protocol.AudioMessage | protocol.OggOpusMessage) -> np.ndarray:
+    def pcm(self, message: protocol.AudioMessage | protocol.OggOpusMessage) -> NDArray[np.float32]:
         """The message's audio, all of it decoded."""
         if message["type"] == "Audio":
             self._claim("Audio")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from moshi.models.lm import LMGen
+from numpy.typing import NDArray
 
 from asrpool.server import models
 from asrpool.server.models import LoadedModel
@@ -25,10 +26,11 @@ from asrpool.server.models import LoadedModel
 class ReferenceRun:
     codes: list[list[int]]  # per frame, per codebook
     text_tokens: list[int]  # per LM step (one per frame)
-    distances: list[list[np.ndarray]]  # per frame, per codebook: distance to every centroid
+    # per frame, per codebook: distance to every centroid
+    distances: list[list[NDArray[np.float32]]]
 
 
-def run_reference(model: LoadedModel, frames: list[np.ndarray]) -> ReferenceRun:
+def run_reference(model: LoadedModel, frames: list[NDArray[np.float32]]) -> ReferenceRun:
     """Encode and decode one stream's frames with batch-size-1 moshi modules."""
     lm_gen = LMGen(model.lm, use_sampling=False, temp=0.0, temp_text=0.0)
     run = ReferenceRun([], [], [])
@@ -66,11 +68,11 @@ def run_lm_on_codes(model: LoadedModel, codes: list[list[int]]) -> list[int]:
 
 def quantize_with_distances(
     model: LoadedModel, latent: torch.Tensor
-) -> tuple[torch.Tensor, list[np.ndarray]]:
+) -> tuple[torch.Tensor, list[NDArray[np.float32]]]:
     """Mimi's split residual quantizer, stage by stage, keeping each stage's distances."""
     quantizer: Any = model.mimi.quantizer
     codes: list[torch.Tensor] = []
-    distances: list[np.ndarray] = []
+    distances: list[NDArray[np.float32]] = []
     for rvq in (quantizer.rvq_first, quantizer.rvq_rest):
         residual = rvq.input_proj(latent)
         for layer in rvq.vq.layers[: rvq.n_q]:
@@ -84,7 +86,9 @@ def quantize_with_distances(
     return torch.stack(codes, dim=1), distances
 
 
-def is_near_tie(distances: np.ndarray, code_a: int, code_b: int, rel_tol: float = 1e-4) -> bool:
+def is_near_tie(
+    distances: NDArray[np.float32], code_a: int, code_b: int, rel_tol: float = 1e-4
+) -> bool:
     """Whether two centroids are equally near within float rounding."""
     gap = abs(float(distances[code_a]) - float(distances[code_b]))
     return gap <= rel_tol * max(1.0, float(distances[code_b]))

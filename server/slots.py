@@ -21,6 +21,7 @@ import threading
 import time
 
 import numpy as np
+from numpy.typing import NDArray
 
 from asrpool.common import protocol
 
@@ -33,7 +34,8 @@ class _SlotInput:
     active: bool = False
     needs_reset: bool = False
     needs_restart: bool = False  # Init: reset the model row, keep audio and markers
-    chunks: collections.deque[np.ndarray] = dataclasses.field(default_factory=collections.deque)
+    chunks: collections.deque[NDArray[np.float32]] = dataclasses.field(
+        default_factory=collections.deque)
     offset: int = 0  # samples of chunks[0] already taken
     samples: int = 0  # buffered samples, not yet handed to the engine
     received: int = 0  # samples received since the stream (generation) began
@@ -49,7 +51,7 @@ class _SlotInput:
         self.markers.clear()
         self.arrivals.clear()
 
-    def pop_frame(self) -> np.ndarray:
+    def pop_frame(self) -> NDArray[np.float32]:
         frame = np.empty(FRAME_SIZE, dtype=np.float32)
         filled = 0
         while filled < FRAME_SIZE:
@@ -88,7 +90,7 @@ class Batch:
     resets: list[int]
     restarts: list[int]  # Init: the model row resets, its pending markers stay
     markers: list[tuple[int, int, int]]  # (slot, id, frames pending)
-    frames: dict[int, np.ndarray]
+    frames: dict[int, NDArray[np.float32]]
     arrivals: dict[int, float]  # slot -> arrival time of its frame
     buffered: dict[int, int]  # slot -> samples still buffered after this batch
 
@@ -127,7 +129,7 @@ class SlotBuffers:
             state.active = False
             state.needs_reset = state.needs_restart = False
 
-    def push_audio(self, slot: int, pcm: np.ndarray) -> None:
+    def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
         if not len(pcm):
             return
         with self._cond:
@@ -182,7 +184,7 @@ class SlotBuffers:
         resets: list[int] = []
         restarts: list[int] = []
         markers: list[tuple[int, int, int]] = []
-        frames: dict[int, np.ndarray] = {}
+        frames: dict[int, NDArray[np.float32]] = {}
         arrivals: dict[int, float] = {}
         buffered: dict[int, int] = {}
         for slot, state in enumerate(self._slots):

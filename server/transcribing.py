@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from asrpool.server import events as ev
 from asrpool.server.engine import FRAME_SIZE, BatchedEngine
@@ -20,16 +21,16 @@ class FrameBuffer:
     """Samples of one stream, handed out in whole 1920-sample frames."""
 
     def __init__(self) -> None:
-        self._samples: np.ndarray = np.zeros(0, dtype=np.float32)
+        self._samples: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
 
-    def push(self, pcm: np.ndarray) -> None:
+    def push(self, pcm: NDArray[np.float32]) -> None:
         self._samples = np.concatenate([self._samples, pcm.astype(np.float32, copy=False)])
 
     @property
     def full_frames(self) -> int:
         return len(self._samples) // FRAME_SIZE
 
-    def pop_frame(self) -> np.ndarray:
+    def pop_frame(self) -> NDArray[np.float32]:
         frame, self._samples = self._samples[:FRAME_SIZE], self._samples[FRAME_SIZE:]
         return frame
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 from starlette import requests
 
 from asrpool.common import bodies, protocol
@@ -63,7 +64,7 @@ async def transcribe(pod: pods.Pod, request: requests.Request) -> list[dict[str,
         await asyncio.gather(gone, return_exceptions=True)
 
 
-async def _transcribed(handle: handles.Handle, pcm: np.ndarray,
+async def _transcribed(handle: handles.Handle, pcm: NDArray[np.float32],
                        gone: asyncio.Task[None]) -> list[dict[str, Any]]:
     kick = handle.attach(resumed=False)
     feeder = asyncio.create_task(_feed(handle, pcm))
@@ -101,7 +102,7 @@ async def _slot(pod: pods.Pod) -> handles.Handle:
         await asyncio.sleep(_SLOT_POLL_SECONDS)
 
 
-async def _feed(handle: handles.Handle, pcm: np.ndarray) -> None:
+async def _feed(handle: handles.Handle, pcm: NDArray[np.float32]) -> None:
     for start in range(0, len(pcm), _CHUNK):
         await handle.room()
         handle.push_audio(pcm[start:start + _CHUNK])

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from rich.console import Console
 
 from asrpool.client import streaming, tables
@@ -35,7 +36,7 @@ def run(platform: LocalPlatform, path: Path) -> int:
 
 
 async def _stream_and_watch(
-    platform: LocalPlatform, pcm: np.ndarray
+    platform: LocalPlatform, pcm: NDArray[np.float32]
 ) -> tuple[streaming.StreamResult, list[registry.PodHeartbeat] | None]:
     """Stream the file and, while it is open, take one snapshot of the pool's slots."""
     watcher: list[asyncio.Task[list[registry.PodHeartbeat]]] = []

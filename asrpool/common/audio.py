@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from asrpool.common import oggopus, protocol
 from asrpool.common.protocol import FRAME_SIZE, SAMPLE_RATE
@@ -25,7 +26,7 @@ class AudioTooLong(AudioFileError):
                          f"{limit:g} s (max_upload_seconds)")
 
 
-def load_audio(path: str | Path) -> np.ndarray:
+def load_audio(path: str | Path) -> NDArray[np.float32]:
     """Read WAV/FLAC/MP3/OGG at any rate, mix to mono and resample to 24 kHz."""
     import sphn
 
@@ -43,7 +44,7 @@ def load_audio(path: str | Path) -> np.ndarray:
     return np.ascontiguousarray(pcm)
 
 
-def decode_audio_bytes(data: bytes, max_seconds: float | None = None) -> np.ndarray:
+def decode_audio_bytes(data: bytes, max_seconds: float | None = None) -> NDArray[np.float32]:
     """A whole WAV/FLAC/OGG/MP3 file's bytes to 24 kHz mono float32 (its first channel,
     as moshi-server's POST takes). Raises :class:`AudioFileError` saying why not, and
     :class:`AudioTooLong` once it finds more than ``max_seconds`` of audio: Opus is
@@ -68,7 +69,7 @@ def decode_audio_bytes(data: bytes, max_seconds: float | None = None) -> np.ndar
     return pcm
 
 
-def _decode_opus(data: bytes) -> np.ndarray:
+def _decode_opus(data: bytes) -> NDArray[np.float32]:
     import sphn
 
     try:
@@ -79,7 +80,7 @@ def _decode_opus(data: bytes) -> np.ndarray:
     return np.ascontiguousarray(pcm, dtype=np.float32)
 
 
-def _decode_file(data: bytes, max_seconds: float | None) -> np.ndarray:
+def _decode_file(data: bytes, max_seconds: float | None) -> NDArray[np.float32]:
     import tempfile
 
     with tempfile.NamedTemporaryFile(prefix="asrpool-upload-") as file:
@@ -90,7 +91,7 @@ def _decode_file(data: bytes, max_seconds: float | None) -> np.ndarray:
         return _decode_first_channel_within(file.name, max_seconds)
 
 
-def _decode_first_channel(path: str) -> np.ndarray:
+def _decode_first_channel(path: str) -> NDArray[np.float32]:
     import sphn
 
     try:
@@ -100,7 +101,7 @@ def _decode_first_channel(path: str) -> np.ndarray:
     return _first_channel(data)
 
 
-def _decode_first_channel_within(path: str, max_seconds: float) -> np.ndarray:
+def _decode_first_channel_within(path: str, max_seconds: float) -> NDArray[np.float32]:
     """As :func:`_decode_first_channel` (the same samples), decoding at most a little
     past ``max_seconds``: a compressed file of silence cannot make it decode hours."""
     import sphn
@@ -117,7 +118,7 @@ def _decode_first_channel_within(path: str, max_seconds: float) -> np.ndarray:
     return np.ascontiguousarray(sphn.resample(first, rate, SAMPLE_RATE), dtype=np.float32)
 
 
-def _first_channel(data: np.ndarray) -> np.ndarray:
+def _first_channel(data: NDArray[Any]) -> NDArray[np.float32]:
     pcm = np.asarray(data, dtype=np.float32)
     return np.ascontiguousarray(pcm[0] if pcm.ndim == 2 else pcm)
 
@@ -127,7 +128,7 @@ def _not_a_file(path: str, exc: Exception) -> AudioFileError:
     return AudioFileError(f"the body is not a WAV, FLAC, OGG or MP3 file: {reason}")
 
 
-def _decode_up_to(path: str, max_seconds: float) -> tuple[int, np.ndarray]:
+def _decode_up_to(path: str, max_seconds: float) -> tuple[int, NDArray[Any]]:
     """The file's rate and its samples, up to a second past ``max_seconds``. sphn sets
     aside room for the whole span it is asked for, so it is first asked for the length
     the file declares; only a file that turns out longer is decoded again to the limit."""
@@ -143,7 +144,7 @@ def _decode_up_to(path: str, max_seconds: float) -> tuple[int, np.ndarray]:
 
 
 def kyutai_file_messages(
-    pcm: np.ndarray, marker_id: int = 0, chunk: int = FRAME_SIZE
+    pcm: NDArray[np.float32], marker_id: int = 0, chunk: int = FRAME_SIZE
 ) -> Iterator[dict[str, Any]]:
     """What Kyutai's file client sends: 1 s of silence, the audio in 80 ms chunks,
     5 s of silence, a marker, then 1 s silences (35 at most) to flush the model."""

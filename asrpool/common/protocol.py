@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 SAMPLE_RATE = 24_000
 FRAME_SIZE = 1920  # samples per model step (80 ms)
@@ -85,7 +86,7 @@ def resumable(headers: Any) -> bool:
 
 class AudioMessage(TypedDict):
     type: Literal["Audio"]
-    pcm: np.ndarray  # float32, mono, 24 kHz
+    pcm: NDArray[np.float32]  # float32, mono, 24 kHz
 
 
 class MarkerMessage(TypedDict):
@@ -175,7 +176,7 @@ def decode_unpacked(data: bytes) -> ClientMessage:
     raise ProtocolError(f"unknown message type {kind!r}", "unknown_type")
 
 
-def _pcm(value: Any) -> np.ndarray:
+def _pcm(value: Any) -> NDArray[np.float32]:
     if isinstance(value, bytes | bytearray):
         raise ProtocolError("'pcm' must be an array of floats, got bytes")
     if not isinstance(value, list | tuple):
@@ -189,7 +190,7 @@ def _pcm(value: Any) -> np.ndarray:
     return _checked_pcm(raw)
 
 
-def _checked_pcm(raw: np.ndarray) -> np.ndarray:
+def _checked_pcm(raw: NDArray[Any]) -> NDArray[np.float32]:
     """Numbers as float32 samples, refused (``bad_audio``) when they cannot be audio."""
     with np.errstate(over="ignore"):  # a float beyond float32's range: checked on raw
         pcm = raw.astype(np.float32, copy=False)  # raw is always a fresh array
@@ -209,7 +210,7 @@ _TAGGED_FLOATS = {0xca: np.dtype([("tag", "u1"), ("value", ">f4")]),
                   0xcb: np.dtype([("tag", "u1"), ("value", ">f8")])}
 
 
-def audio_samples(data: bytes) -> np.ndarray | None:
+def audio_samples(data: bytes) -> NDArray[np.floating[Any]] | None:
     """The samples of an Audio frame of that common shape, as sent (float32 or
     float64, in native byte order), in one vectorised pass; None for any other frame, which
     :func:`decode_unpacked` then reads, with its own errors. The two agree on every frame
@@ -223,7 +224,7 @@ def audio_samples(data: bytes) -> np.ndarray | None:
     return None
 
 
-def _float_array(data: bytes, start: int, end: int) -> np.ndarray | None:
+def _float_array(data: bytes, start: int, end: int) -> NDArray[np.floating[Any]] | None:
     """The MessagePack array that fills ``data[start:end]`` exactly, if every element is a
     float of one width; else None."""
     head = data[start]
@@ -241,11 +242,12 @@ def _float_array(data: bytes, start: int, end: int) -> np.ndarray | None:
     tagged = np.frombuffer(data, dtype=element, count=count, offset=start)
     if not (tagged["tag"] == data[start]).all():
         return None
-    values: np.ndarray = tagged["value"].astype(tagged.dtype["value"].newbyteorder("="))
+    values: NDArray[np.floating[Any]] = tagged["value"].astype(
+        tagged.dtype["value"].newbyteorder("="))
     return values
 
 
-def sample_problem(pcm: np.ndarray) -> str | None:
+def sample_problem(pcm: NDArray[np.floating[Any]]) -> str | None:
     """Why these samples cannot be audio (NaN, infinite, beyond :data:`MAX_AMPLITUDE`),
     or None: the one check every way audio comes in (frames, Opus, files) goes through."""
     if pcm.size == 0:

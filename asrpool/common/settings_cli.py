@@ -100,7 +100,8 @@ def add_command(
 
     # Flags are spelled in full: a new flag never changes what an abbreviation meant, and
     # ``--redis-password SECRET`` is no ``--redis-password-file``.
-    parser = subparsers.add_parser(name, allow_abbrev=False, **parser_options)
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, allow_abbrev=False, **parser_options)
     if isinstance(parser, CommandParser):
         parser.defer(complete)
     else:  # a plain argparse parser (a test's): the flags at once
