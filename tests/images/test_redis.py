@@ -1,5 +1,6 @@
-"""The Redis image with the chart's own command and probe: the password on standard
-input, uid 999, `redis-cli ping` answering PONG only with REDISCLI_AUTH."""
+"""The Redis image with the chart's own command and probe: the users and their passwords
+on standard input, the default user off, uid 999, `redis-cli ping` answering PONG only
+with REDISCLI_AUTH."""
 
 from __future__ import annotations
 
@@ -34,13 +35,17 @@ def chart_container() -> dict[str, Any]:
     return chart_redis_container()
 
 
+PASSWORDS = {"OPERATOR_PASSWORD": secrets.token_hex(16), "ROUTER_PASSWORD": secrets.token_hex(16)}
+
+
 @pytest.fixture
 def redis(images: dict[str, Built], chart_container: dict[str, Any]) -> Iterator[str]:
-    """The image started as the chart starts it (its command and args, the password in
-    REDIS_PASSWORD and REDISCLI_AUTH), on a network of its own (loopback only)."""
-    password = secrets.token_hex(16)
-    env = [f"--env={name}={password}" for name in ("REDIS_PASSWORD", "REDISCLI_AUTH")]
-    assert {e["name"] for e in chart_container["env"]} == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
+    """The image started as the chart starts it (its command and args, the users'
+    passwords in OPERATOR_PASSWORD, ROUTER_PASSWORD and, for the probe, REDISCLI_AUTH),
+    on a network of its own (loopback only)."""
+    values = {**PASSWORDS, "REDISCLI_AUTH": PASSWORDS["OPERATOR_PASSWORD"]}
+    assert {e["name"] for e in chart_container["env"]} == set(values)
+    env = [f"--env={name}={value}" for name, value in values.items()]
     (entrypoint, *command) = [*chart_container["command"], *chart_container["args"]]
     options = ["--network", "none", "--volume", "/data", *env]
     with containers.started(images["redis"].name, command, options, entrypoint) as name:
@@ -72,6 +77,16 @@ def test_redis_requires_the_password_from_standard_input(
     assert "NOAUTH" in done.stdout + done.stderr
 
 
+def test_the_default_user_is_off_and_the_router_user_is_no_admin(redis: str) -> None:
+    default = containers.podman("exec", redis, "sh", "-c", "unset REDISCLI_AUTH; redis-cli ping")
+    assert "NOAUTH" in default.stdout + default.stderr
+    router = ["redis-cli", "--user", "asrpool-router", "--pass", PASSWORDS["ROUTER_PASSWORD"],
+              "--no-auth-warning"]
+    assert containers.podman("exec", redis, *router, "ping").stdout.strip() == "PONG"
+    refused = containers.podman("exec", redis, *router, "acl", "list")
+    assert "NOPERM" in refused.stdout + refused.stderr
+
+
 def test_redis_server_runs_as_uid_999_with_no_password_in_its_arguments(redis: str) -> None:
     done = containers.podman("exec", redis, "sh", "-c",
                              "grep -E '^(Uid|Gid):' /proc/1/status; tr '\\0' ' ' < /proc/1/cmdline")
@@ -80,4 +95,4 @@ def test_redis_server_runs_as_uid_999_with_no_password_in_its_arguments(redis: s
     assert lines[0].split()[1:] == [str(UID)] * 4
     assert lines[1].split()[1:] == [str(UID)] * 4
     assert lines[2].startswith("redis-server")
-    assert "requirepass" not in lines[2]
+    assert not any(password in lines[2] for password in PASSWORDS.values())
