@@ -136,6 +136,6 @@ async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | ref
         await attach(got, outcome, deps)
         return got, outcome
     await deps.admissions.release(got)
-    if isinstance(outcome, pods.Refused) and outcome.code != "bad_resume_token":
+    if isinstance(outcome, pods.Refused) and outcome.code != protocol.ErrorCode.BAD_RESUME_TOKEN:
         return refusals.Refusal(outcome.code, outcome.message, protocol.CloseCode.INTERNAL)
     return refusals.bad_resume_token() if isinstance(outcome, pods.Refused) else refusals.pod_gone()

@@ -37,7 +37,7 @@ class Opened:
 class Refused:
     """The pod answered with an ``Error`` frame (forwarded to the client when final)."""
 
-    code: str
+    code: protocol.ErrorCode
     message: str
     frame: bytes
 
@@ -96,7 +96,7 @@ async def open_stream(
             resume_offset=got.get(protocol.RESUME_OFFSET_HEADER, ""),
         )
     await link.close()
-    return Refused(code or "internal", message or f"pod answered {kind!r}", first)
+    return Refused(protocol.error_code(code), message or f"pod answered {kind!r}", first)
 
 
 def _peek(frame: bytes) -> tuple[str, str, str]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import dataclasses
 
 from asrpool.common import protocol
+from asrpool.common.protocol import CloseCode, ErrorCode
 
 
 @dataclasses.dataclass(frozen=True)
 class Refusal:
-    code: str
+    code: ErrorCode
     message: str
     close_code: int
 
@@ -21,80 +22,80 @@ class Refusal:
 
 
 def busy() -> Refusal:
-    return Refusal("busy", protocol.BUSY_MESSAGE, protocol.CloseCode.TRY_AGAIN)
+    return Refusal(ErrorCode.BUSY, protocol.BUSY_MESSAGE, CloseCode.TRY_AGAIN)
 
 
 def unknown_pool(pool: str) -> Refusal:
-    return Refusal("unknown_pool", f"unknown pool {pool[:80]!r}", protocol.CloseCode.POLICY)
+    return Refusal(ErrorCode.UNKNOWN_POOL, f"unknown pool {pool[:80]!r}", CloseCode.POLICY)
 
 
 def key_limit(key_id: str, limit: int) -> Refusal:
     return Refusal(
-        "key_limit",
+        ErrorCode.KEY_LIMIT,
         f"API key {key_id!r} already has its {limit} concurrent streams",
-        protocol.CloseCode.POLICY,
+        CloseCode.POLICY,
     )
 
 
 def queue_full(limit: int) -> Refusal:
     return Refusal(
-        "queue_full",
+        ErrorCode.QUEUE_FULL,
         f"no free channels and the wait queue is full ({limit} waiting); try again later",
-        protocol.CloseCode.TRY_AGAIN,
+        CloseCode.TRY_AGAIN,
     )
 
 
 def key_queue_full(key_id: str, limit: int) -> Refusal:
     return Refusal(
-        "key_queue_full",
+        ErrorCode.KEY_QUEUE_FULL,
         f"API key {key_id!r} already has {limit} streams waiting for a channel",
-        protocol.CloseCode.TRY_AGAIN,
+        CloseCode.TRY_AGAIN,
     )
 
 
 def pod_throttled() -> Refusal:
     """The pod refused the router's link over its new streams per second: no pool
     demand (nothing is written to Redis), the client may try again in a second."""
-    return Refusal("too_many_streams", "the pod is over its new streams per second; try "
-                   "again in a second", protocol.CloseCode.TRY_AGAIN)
+    return Refusal(ErrorCode.TOO_MANY_STREAMS, "the pod is over its new streams per second; try "
+                   "again in a second", CloseCode.TRY_AGAIN)
 
 
 def client_left() -> Refusal:
     """Nobody to tell: the client left during its admission (for the metrics)."""
-    return Refusal("client_left", "the client left during admission", protocol.CloseCode.NORMAL)
+    return Refusal(ErrorCode.CLIENT_LEFT, "the client left during admission", CloseCode.NORMAL)
 
 
 def bad_resume_token() -> Refusal:
-    return Refusal("bad_resume_token", "unknown or expired resume token", protocol.CloseCode.POLICY)
+    return Refusal(ErrorCode.BAD_RESUME_TOKEN, "unknown or expired resume token", CloseCode.POLICY)
 
 
 def pod_gone() -> Refusal:
     return Refusal(
-        "pod_lost",
+        ErrorCode.POD_LOST,
         "the pod serving this session is gone; start a new stream",
-        protocol.CloseCode.INTERNAL,
+        CloseCode.INTERNAL,
     )
 
 
 def pod_lost() -> Refusal:
     return Refusal(
-        "pod_lost",
+        ErrorCode.POD_LOST,
         "the pod serving this stream failed; start a new stream",
-        protocol.CloseCode.INTERNAL,
+        CloseCode.INTERNAL,
     )
 
 
 def unavailable() -> Refusal:
     return Refusal(
-        "unavailable",
+        ErrorCode.UNAVAILABLE,
         "the router cannot reach its session registry; try again shortly",
-        protocol.CloseCode.TRY_AGAIN,
+        CloseCode.TRY_AGAIN,
     )
 
 
 def too_large(size: int, limit: int) -> Refusal:
     return Refusal(
-        "too_large",
+        ErrorCode.TOO_LARGE,
         f"message of {size} bytes exceeds the limit of {limit} bytes",
-        protocol.CloseCode.TOO_LARGE,
+        CloseCode.TOO_LARGE,
     )

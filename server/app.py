@@ -106,7 +106,7 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
 async def _transcribe(pod: pods.Pod, request: fastapi.Request) -> responses.Response:
     refusal = pod.refusal(request.headers, request.query_params)
     if refusal is not None:
-        pod.count_error("unauthorized")
+        pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         return responses.PlainTextResponse(refusal, status_code=401)
     try:
         words = await uploads.transcribe(pod, request)

@@ -88,7 +88,8 @@ class Handle:
         if stream.markers_waiting >= self._max_markers:
             raise protocol.ProtocolError(
                 f"{stream.markers_waiting} markers are waiting for their audio; at most "
-                f"{self._max_markers} may (send audio after a marker)", "too_many_markers")
+                f"{self._max_markers} may (send audio after a marker)",
+                protocol.ErrorCode.TOO_MANY_MARKERS)
         stream.markers_waiting += 1
         self._buffers.push_marker(stream.slot, marker_id)
 

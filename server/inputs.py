@@ -45,7 +45,7 @@ def ogg_crc(page: bytes) -> int:
 
 
 def _bad(message: str) -> protocol.ProtocolError:
-    return protocol.ProtocolError(message, "bad_audio")
+    return protocol.ProtocolError(message, protocol.ErrorCode.BAD_AUDIO)
 
 
 class OggPages:
@@ -211,4 +211,4 @@ class StreamInput:
         elif self.kind != kind:
             raise protocol.ProtocolError(
                 f"this stream sends {self.kind}; {kind} cannot be mixed in "
-                "(one kind of audio per stream)", "mixed_audio")
+                "(one kind of audio per stream)", protocol.ErrorCode.MIXED_AUDIO)

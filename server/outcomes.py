@@ -31,7 +31,7 @@ class Failed:
     """The pod ends the stream: ``Error{message, code}`` is sent, then a close."""
 
     message: str
-    code: str
+    code: protocol.ErrorCode
     close_code: protocol.CloseCode = protocol.CloseCode.POLICY
     extra: tuple[tuple[str, float], ...] = ()  # extension fields of the Error
 
@@ -43,7 +43,7 @@ Outcome = Closed | Lost | Replaced | Failed
 
 
 def busy(message: str = protocol.BUSY_MESSAGE) -> Failed:
-    return Failed(message, "busy", protocol.CloseCode.TRY_AGAIN)
+    return Failed(message, protocol.ErrorCode.BUSY, protocol.CloseCode.TRY_AGAIN)
 
 
 def shutting_down(processed: int, received: int) -> Failed:
@@ -52,6 +52,6 @@ def shutting_down(processed: int, received: int) -> Failed:
     done, got = processed / protocol.SAMPLE_RATE, received / protocol.SAMPLE_RATE
     return Failed(
         f"server shutting down: {done:.2f} s of this stream's audio were transcribed "
-        f"({got:.2f} s received); send the rest to a new stream", "draining",
+        f"({got:.2f} s received); send the rest to a new stream", protocol.ErrorCode.DRAINING,
         protocol.CloseCode.RESTART,
         (("processed_seconds", round(done, 3)), ("received_seconds", round(got, 3))))

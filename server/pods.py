@@ -171,7 +171,8 @@ class Pod:
     def not_accepting(self) -> outcomes.Failed | None:
         """Why a new stream is refused after the upgrade, or None."""
         if self.state is State.DRAINING:
-            return outcomes.Failed("server is draining", "draining", protocol.CloseCode.TRY_AGAIN)
+            return outcomes.Failed("server is draining", protocol.ErrorCode.DRAINING,
+                                   protocol.CloseCode.TRY_AGAIN)
         if self.state is not State.READY:
             return outcomes.busy("model is still loading")
         return None
@@ -188,14 +189,15 @@ class Pod:
         """The stream a resume token names, taken over from any older connection."""
         stream = await self.sessions.reclaim(token)
         if stream is None:
-            return outcomes.Failed("unknown or expired resume token", "bad_resume_token")
+            return outcomes.Failed("unknown or expired resume token",
+                                   protocol.ErrorCode.BAD_RESUME_TOKEN)
         stream.resumable = True
         return self._handle(stream)
 
     def _handle(self, stream: sessions.Stream) -> handles.Handle:
         return handles.Handle(stream, self.sessions, self.buffers, self.metrics, self.settings)
 
-    def count_error(self, code: str) -> None:
+    def count_error(self, code: protocol.ErrorCode) -> None:
         self.metrics.errors.labels(code).inc()
 
     def modules_info(self) -> list[dict[str, str]]:

@@ -166,7 +166,7 @@ class Sessions:
         del self._streams[stream.slot]
         self._tokens.pop(stream.resume_token, None)
         self._buffers.stop(stream.slot)
-        stream.end_connection(outcomes.Failed("stream closed", "internal"))
+        stream.end_connection(outcomes.Failed("stream closed", protocol.ErrorCode.INTERNAL))
         self._on_change()
 
     def deliver(self, output: engine_loop.StepOutput) -> None:
@@ -187,6 +187,7 @@ class Sessions:
     def _overflow(self, stream: Stream) -> None:
         if stream.attached:
             stream.end_connection(outcomes.Failed(
-                "too many results waiting: the client does not read them", "too_slow"))
+                "too many results waiting: the client does not read them",
+                protocol.ErrorCode.TOO_SLOW))
         else:
             self.close(stream)

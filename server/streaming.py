@@ -29,7 +29,7 @@ _FLUSH_SECONDS = 2.0
 async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
     refusal = pod.refusal(ws.headers, ws.query_params)
     if refusal is not None:
-        pod.count_error("unauthorized")
+        pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         await ws.send_denial_response(responses.PlainTextResponse(refusal, status_code=401))
         return
     token = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
@@ -63,7 +63,7 @@ def _too_slow(pod: pods.Pod) -> outcomes.Failed:
     """Aborted by the send deadline: not a lost client that may come back, a stuck one."""
     seconds = pod.settings.send_timeout_seconds
     return outcomes.Failed(f"the client read none of its results for {seconds:g} s",
-                           "too_slow", protocol.CloseCode.POLICY)
+                           protocol.ErrorCode.TOO_SLOW, protocol.CloseCode.POLICY)
 
 
 def _replay(handle: handles.Handle, received: int | None) -> None:
@@ -136,7 +136,7 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
         try:
             message = await _receive(ws, handle, last_audio + idle)
         except TimeoutError:
-            return outcomes.Failed(f"no message for {idle:g} s", "idle_timeout",
+            return outcomes.Failed(f"no message for {idle:g} s", protocol.ErrorCode.IDLE_TIMEOUT,
                                    protocol.CloseCode.NORMAL)
         except RuntimeError:  # receive after the connection went away
             return outcomes.Lost()
@@ -155,7 +155,7 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
             await handle.push(decoded)
             last_audio = time.monotonic()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
-            too_large = exc.code == "too_large"
+            too_large = exc.code == protocol.ErrorCode.TOO_LARGE
             return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large
                                    else protocol.CloseCode.POLICY)
 
@@ -164,12 +164,13 @@ def _over_budget(pod: pods.Pod) -> outcomes.Failed:
     rate = pod.settings.max_messages_per_second
     return outcomes.Failed(
         f"over {rate:g} messages per second (audio in frames of {protocol.FRAME_SIZE} "
-        "samples or more is not counted): send fewer, larger messages", "too_many_messages")
+        "samples or more is not counted): send fewer, larger messages",
+        protocol.ErrorCode.TOO_MANY_MESSAGES)
 
 
 def _disconnected(pod: pods.Pod, code: int) -> outcomes.Outcome:
     if code == protocol.CloseCode.TOO_LARGE:  # the parser refused a frame and
-        pod.count_error("too_large")  # framing.WebSocketProtocol sent the Error
+        pod.count_error(protocol.ErrorCode.TOO_LARGE)  # framing.WebSocketProtocol sent the Error
     return outcomes.Lost() if code in _LOST else outcomes.Closed()
 
 

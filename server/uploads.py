@@ -96,7 +96,7 @@ async def _slot(pod: pods.Pod) -> handles.Handle:
         got = pod.open(resumable=False)
         if isinstance(got, handles.Handle):
             return got
-        if got.code != "busy" or loop.time() > deadline:
+        if got.code != protocol.ErrorCode.BUSY or loop.time() > deadline:
             pod.count_error(got.code)
             raise Refused(503, got.message)
         await asyncio.sleep(_SLOT_POLL_SECONDS)

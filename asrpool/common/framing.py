@@ -141,7 +141,7 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
     def handle_parser_exception(self) -> None:
         exc = self.conn.parser_exc
         if isinstance(exc, exceptions.PayloadTooBig) and exc.message is None:
-            error = protocol.error(_reason(exc), "too_large")
+            error = protocol.error(_reason(exc), protocol.ErrorCode.TOO_LARGE)
             frame = frames.Frame(frames.Opcode.BINARY, error)
             self.transport.write(frame.serialize(mask=False))
         super().handle_parser_exception()

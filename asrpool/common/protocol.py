@@ -65,6 +65,47 @@ class CloseCode(enum.IntEnum):
     TLS = 1015  # never sent
 
 
+class ErrorCode(enum.StrEnum):
+    """The ``code`` of every ``Error`` the pods and routers send: stable machine names
+    that clients branch on (docs/architecture.md lists each; a test holds it to this)."""
+
+    # A client message the pod refuses.
+    MALFORMED = "malformed"  # not MessagePack
+    BAD_MESSAGE = "bad_message"  # MessagePack, but not a valid message
+    UNKNOWN_TYPE = "unknown_type"
+    BAD_AUDIO = "bad_audio"  # NaN, infinite or loud samples; bad Ogg Opus
+    MIXED_AUDIO = "mixed_audio"  # Audio and OggOpus in one stream
+    TOO_LARGE = "too_large"
+    TOO_MANY_MESSAGES = "too_many_messages"
+    TOO_MANY_MARKERS = "too_many_markers"
+    # The pod ends or refuses the stream.
+    BUSY = "busy"
+    DRAINING = "draining"
+    BAD_RESUME_TOKEN = "bad_resume_token"
+    IDLE_TIMEOUT = "idle_timeout"
+    TOO_SLOW = "too_slow"
+    TOO_MANY_STREAMS = "too_many_streams"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal"
+    # The router refuses or ends the stream.
+    UNKNOWN_POOL = "unknown_pool"
+    KEY_LIMIT = "key_limit"
+    QUEUE_FULL = "queue_full"
+    KEY_QUEUE_FULL = "key_queue_full"
+    POD_LOST = "pod_lost"
+    UNAVAILABLE = "unavailable"
+    CLIENT_LEFT = "client_left"  # nobody to tell: for the metrics
+
+
+def error_code(text: str) -> ErrorCode:
+    """The code a pod sent, as one of ours; one this version does not know is
+    ``internal`` (a router and its pods run one version)."""
+    try:
+        return ErrorCode(text)
+    except ValueError:
+        return ErrorCode.INTERNAL
+
+
 def resume_received(headers: Any) -> int | ProtocolError | None:
     """The ``asrpool-resume-received`` count (None when absent), or why it is malformed:
     ASCII digits only (``str.isdigit`` takes ``²``, ``int`` refuses 5,000 digits)."""
@@ -75,7 +116,7 @@ def resume_received(headers: Any) -> int | ProtocolError | None:
         shown = text if len(text) <= 20 else text[:20] + "..."
         return ProtocolError(f"{RESUME_RECEIVED_HEADER} must be a count of messages "
                              f"(at most {_MAX_COUNT_DIGITS} digits 0-9), got {shown!r}",
-                             "bad_message")
+                             ErrorCode.BAD_MESSAGE)
     return int(text)
 
 
@@ -109,7 +150,7 @@ ClientMessage = AudioMessage | MarkerMessage | OggOpusMessage | InitMessage
 class ProtocolError(ValueError):
     """A client message that cannot be accepted; ``code`` is a stable machine name."""
 
-    def __init__(self, message: str, code: str = "bad_message") -> None:
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.BAD_MESSAGE) -> None:
         super().__init__(message)
         self.code = code
 
@@ -127,17 +168,17 @@ def ready() -> bytes:
     return encode({"type": "Ready"})
 
 
-def error(message: str, code: str | None = None, **extra: Any) -> bytes:
+def error(message: str, code: ErrorCode | None = None, **extra: Any) -> bytes:
     """``Error{message[, code]}``, plus extension fields (a plain client ignores them)."""
     body: dict[str, Any] = {"type": "Error", "message": message, **extra}
     if code is not None:
-        body["code"] = code
+        body["code"] = str(code)
     return encode(body)
 
 
 def too_large(size: int, max_bytes: int) -> ProtocolError:
     return ProtocolError(
-        f"message of {size} bytes exceeds the limit of {max_bytes} bytes", "too_large")
+        f"message of {size} bytes exceeds the limit of {max_bytes} bytes", ErrorCode.TOO_LARGE)
 
 
 def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ClientMessage:
@@ -159,7 +200,7 @@ def decode_unpacked(data: bytes) -> ClientMessage:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
-        raise ProtocolError(f"malformed MessagePack ({reason})", "malformed") from exc
+        raise ProtocolError(f"malformed MessagePack ({reason})", ErrorCode.MALFORMED) from exc
     if not isinstance(body, dict):
         raise ProtocolError(f"expected a MessagePack map, got {type(body).__name__}")
     kind = body.get("type")
@@ -173,7 +214,7 @@ def decode_unpacked(data: bytes) -> ClientMessage:
         return {"type": "Init"}
     if kind is None:
         raise ProtocolError("message has no 'type' field")
-    raise ProtocolError(f"unknown message type {kind!r}", "unknown_type")
+    raise ProtocolError(f"unknown message type {kind!r}", ErrorCode.UNKNOWN_TYPE)
 
 
 def _pcm(value: Any) -> NDArray[np.float32]:
@@ -196,7 +237,7 @@ def _checked_pcm(raw: NDArray[Any]) -> NDArray[np.float32]:
         pcm = raw.astype(np.float32, copy=False)  # raw is always a fresh array
     problem = sample_problem(raw if raw.dtype.kind == "f" else pcm)
     if problem is not None:
-        raise ProtocolError(f"'pcm' {problem}", "bad_audio")
+        raise ProtocolError(f"'pcm' {problem}", ErrorCode.BAD_AUDIO)
     return pcm
 
 

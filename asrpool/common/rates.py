@@ -15,8 +15,10 @@ import math
 import time
 from collections.abc import Callable, Hashable
 
+from asrpool.common import protocol
+
 Clock = Callable[[], float]
-TOO_MANY_STREAMS = "too_many_streams"
+TOO_MANY_STREAMS = protocol.ErrorCode.TOO_MANY_STREAMS
 
 
 class TokenBucket:
@@ -99,7 +101,7 @@ class Throttled:
 
     message: str
     wait_seconds: float
-    code: str = TOO_MANY_STREAMS
+    code: protocol.ErrorCode = TOO_MANY_STREAMS
     status: int = 429
     # Held back before it is sent (``limits.THROTTLED_HOLD_S``), so that a client that
     # retries at once cannot spin; not for a trusted caller (a router with the pod token)
