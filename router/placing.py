@@ -137,5 +137,5 @@ async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | ref
         return got, outcome
     await deps.admissions.release(got)
     if isinstance(outcome, pods.Refused) and outcome.code != protocol.ErrorCode.BAD_RESUME_TOKEN:
-        return refusals.Refusal(outcome.code, outcome.message, protocol.CloseCode.INTERNAL)
+        return refusals.Refusal(outcome.message, outcome.code, protocol.CloseCode.INTERNAL)
     return refusals.bad_resume_token() if isinstance(outcome, pods.Refused) else refusals.pod_gone()

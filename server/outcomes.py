@@ -26,17 +26,9 @@ class Replaced:
     """A resume took the stream over; the new connection owns it."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Failed:
-    """The pod ends the stream: ``Error{message, code}`` is sent, then a close."""
-
-    message: str
-    code: protocol.ErrorCode
-    close_code: protocol.CloseCode = protocol.CloseCode.POLICY
-    extra: tuple[tuple[str, float], ...] = ()  # extension fields of the Error
-
-    def frame(self) -> bytes:
-        return protocol.error(self.message, self.code, **dict(self.extra))
+# The pod ends the stream: Error{message, code} is sent, then a close (the router's
+# refusals are the same type).
+Failed = protocol.Refusal
 
 
 Outcome = Closed | Lost | Replaced | Failed

@@ -8,6 +8,7 @@ plain Kyutai client never sees a message it cannot parse.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import Any, Literal, TypedDict
 
@@ -95,6 +96,22 @@ class ErrorCode(enum.StrEnum):
     POD_LOST = "pod_lost"
     UNAVAILABLE = "unavailable"
     CLIENT_LEFT = "client_left"  # nobody to tell: for the metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A pod or a router ends or refuses a stream: the client gets
+    ``Error{message, code}`` (plus ``extra`` fields, which a plain client ignores), then
+    ``close_code``. The one type for both (the pod's ``outcomes.Failed``, the router's
+    ``refusals.Refusal``)."""
+
+    message: str
+    code: ErrorCode
+    close_code: CloseCode = CloseCode.POLICY
+    extra: tuple[tuple[str, float], ...] = ()
+
+    def frame(self) -> bytes:
+        return error(self.message, self.code, **dict(self.extra))
 
 
 def error_code(text: str) -> ErrorCode:
