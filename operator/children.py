@@ -132,8 +132,8 @@ def _pod_redis_url(pool: pools.Pool, config: settings.OperatorSettings) -> str:
 
 
 def config_hash(*read: Child) -> str:
-    """A digest of the data the pods read (the ConfigMap, the pod token's Secret): in the
-    pod template, so a change rolls the pods."""
+    """A digest of the data the pods read (the ConfigMap, the pod token's and the Redis
+    password's Secrets): in the pod template, so a change rolls the pods."""
     text = json.dumps([child["data"] for child in read], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
