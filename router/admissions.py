@@ -10,16 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal, cast
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from asrpool.router import scripts, settings, tokens
-
-Reason = Literal[
-    "busy", "unknown_pool", "key_limit", "queue_full", "key_queue_full", "bad_resume_token",
-    "pod_gone",
-]
+from asrpool.common import registry
+from asrpool.router import keys, scripts, settings, tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +70,7 @@ class Session:
 
 @dataclasses.dataclass(frozen=True)
 class Refused:
-    reason: Reason
+    reason: scripts.Denial
     rank: int | None = None  # place in the wait queue, for "busy"
 
 
@@ -97,14 +93,14 @@ class Admissions:
     ) -> Session | Refused:
         """Reserve a slot on a pod of the request's pool, or say why not."""
         c = self.config
+        sid = request.token.session_id
+        pods = await self._candidates(request.pool, set(exclude))
         args = scripts.AdmitArgs(
-            pool=request.pool,
-            sid=request.token.session_id,
+            sid=sid,
             key_id=request.key_id,
             key_limit=request.key_limit,
             policy=c.policy,
             hold_ms=c.hold_ms,
-            exclude=",".join(exclude),
             ticket=ticket,
             ticket_lease_ms=max(2000, c.session_lease_ms),
             router=c.router_id,
@@ -114,13 +110,15 @@ class Admissions:
             queue_max=c.queue_max,
             queue_max_per_key=c.queue_max_per_key,
             members_required=int(c.members_required),
+            pool=request.pool,
         )
-        reply = scripts.AdmitReply.decode(await self._admit(args=args.argv()))
-        if reply.outcome != "ok":
-            # ADMIT answers 'ok' or one of the reasons (scripts.AdmitReply).
-            return Refused(cast(Reason, reply.outcome), reply.rank)
+        admit_keys = scripts.AdmitKeys.of(request.pool, sid, request.key_id)
+        reply = scripts.AdmitReply.decode(
+            await self._admit(keys=admit_keys.with_pods(pods), args=args.with_pods(pods)))
+        if reply.denial is not None:
+            return Refused(reply.denial, reply.rank)
         return Session(
-            session_id=request.token.session_id,
+            session_id=sid,
             pool=request.pool,
             pod_id=reply.pod_id,
             address=reply.address,
@@ -131,108 +129,114 @@ class Admissions:
             started_ms=reply.now_ms,
         )
 
+    async def _candidates(self, pool: str, exclude: set[str]) -> list[str]:
+        """The pool's pods as last listed (ADMIT checks each one's lease itself)."""
+        listed = await self.redis.zrange(registry.pool_pods_key(pool), 0, -1)
+        return [pod_id for pod_id in map(_text, listed) if pod_id not in exclude]
+
     async def leave_queue(self, request: Request, ticket: str, refused: bool = False) -> None:
         """Leave the wait queue; ``refused``: the client is told 'busy' (counted as demand)."""
-        await self._leave(args=scripts.LeaveArgs(request.pool, ticket, request.key_id,
-                                                 refused).argv())
+        await self._leave(keys=scripts.LeaveKeys.of(request.pool, request.key_id),
+                          args=scripts.LeaveArgs(ticket, int(refused)))
 
     async def attach(self, session: Session) -> bool:
         """The pod accepted: record what it said (its own ids, for a resume)."""
         session.state = "attached"
-        return bool(
-            await self._attach(
-                args=[
-                    session.session_id,
-                    session.conn,
-                    self.config.hold_ms,
-                    session.pod_resume_token,
-                    session.pod_session_id,
-                ]
-            )
-        )
+        args = scripts.AttachArgs(session.session_id, session.conn, self.config.hold_ms,
+                                  session.key_id, session.pod_resume_token,
+                                  session.pod_session_id)
+        return bool(await self._attach(keys=_keys(session), args=args))
 
     async def resume(self, request: Request) -> Session | Refused:
         """Claim a detached (or orphaned) session for this connection."""
         c = self.config
-        reply = await self._resume(
-            args=[
-                request.token.session_id,
-                request.token.sha256,
-                request.key_id,
-                request.conn,
-                c.hold_ms,
-                c.router_id,
-            ]
-        )
-        if reply[0] == "bad_token":
-            return Refused("bad_resume_token")
-        if reply[0] == "pod_gone":
-            return Refused("pod_gone")
+        sid = request.token.session_id
+        pod_id = await self.redis.hget(keys.session(sid), "pod")
+        if pod_id is None:
+            return Refused(scripts.Denial.BAD_RESUME_TOKEN)
+        pod_id = _text(pod_id)
+        session_keys = scripts.SessionKeys.of(sid, pod_id, request.key_id)
+        args = scripts.ResumeArgs(sid, request.token.sha256, request.key_id, request.conn,
+                                  c.hold_ms, c.router_id, pod_id)
+        reply = scripts.ResumeReply.decode(await self._resume(
+            keys=[*session_keys, registry.pod_key(pod_id)], args=args))
+        if reply.denial is not None:
+            return Refused(reply.denial)
         return Session(
-            session_id=request.token.session_id,
-            pool=reply[4],
-            pod_id=reply[1],
-            address=reply[2],
+            session_id=sid,
+            pool=reply.pool,
+            pod_id=pod_id,
+            address=reply.address,
             key_id=request.key_id,
             token_sha=request.token.sha256,
             conn=request.conn,
             router=c.router_id,
-            started_ms=int(reply[5]),
-            pod_resume_token=reply[3],
+            started_ms=reply.started_ms,
+            pod_resume_token=reply.pod_resume_token,
             state="resuming",
         )
 
     async def release(self, session: Session) -> None:
-        await self._release(args=[session.session_id, session.conn, session.pod_id,
-                                  session.key_id, self.config.hold_ms])
+        args = scripts.ReleaseArgs(session.session_id, session.conn, session.key_id,
+                                   self.config.hold_ms)
+        await self._release(keys=_keys(session), args=args)
 
     async def detach(self, session: Session) -> None:
-        await self._detach(
-            args=[session.session_id, session.conn, int(self.config.resume_grace_seconds * 1000)]
-        )
+        args = scripts.DetachArgs(session.session_id, session.conn,
+                                  int(self.config.resume_grace_seconds * 1000), session.key_id)
+        await self._detach(keys=_keys(session), args=args)
 
     async def renew(self, sessions: Iterable[Session]) -> list[bool]:
         """Extend every lease in one round trip (a second one rebuilds the records that
         Redis lost: only then are their fields sent). Says, session by session, whether
         its pod's heartbeat is still there."""
         replies = await _rebuilding_lost(list(sessions), self._renew_all)
-        return [reply != 2 for reply in replies]
+        return [reply != scripts.Renewed.POD_SILENT for reply in replies]
 
-    async def _renew_all(self, sessions: list[Session], whole: bool) -> list[Any]:
+    async def _renew_all(self, sessions: list[Session], whole: bool) -> list[int]:
         hold_ms = self.config.hold_ms
+        renewed = [scripts.RenewArgs(s.session_id, s.conn, s.pod_id, s.key_id) for s in sessions]
         if not whole:  # the common case: one call for all of them
-            return list(await self._renew_many(args=scripts.renew_many_argv(hold_ms, [
-                scripts.RenewArgs(s.session_id, s.conn, s.pod_id, s.key_id) for s in sessions])))
+            many_keys, many_args = scripts.renew_many(hold_ms, renewed)
+            return [int(r) for r in await self._renew_many(keys=many_keys, args=many_args)]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for s in sessions:
-                args: list[str | int] = [s.session_id, s.conn, hold_ms, s.pod_id, s.key_id,
-                                         *s.fields()]
-                await self._renew_whole(args=args, client=pipe)
-            return list(await pipe.execute())
+            for s, one in zip(sessions, renewed, strict=True):
+                one_keys, one_args = scripts.renew_whole(hold_ms, one, s.fields())
+                await self._renew_whole(keys=one_keys, args=one_args, client=pipe)
+            return [int(r) for r in await pipe.execute()]
 
     async def keep_detached(self, held: list[Detached]) -> list[bool]:
         """Keep the records of sessions this router detached (rebuilding those Redis
         lost, for the rest of their grace); says which are still this router's to keep."""
-        return [reply == 1 for reply in await _rebuilding_lost(held, self._keep_all)]
+        replies = await _rebuilding_lost(held, self._keep_all)
+        return [reply == scripts.Kept.KEPT for reply in replies]
 
-    async def _keep_all(self, held: list[Detached], whole: bool) -> list[Any]:
+    async def _keep_all(self, held: list[Detached], whole: bool) -> list[int]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for d in held:
                 s = d.session
-                args = scripts.KeepDetachedArgs(
-                    s.session_id, s.router, d.remaining_ms, s.pod_id, s.key_id).argv()
-                await self._keep_detached(args=[*args, *s.fields()] if whole else args,
+                args = scripts.KeepDetachedArgs(s.session_id, s.router, d.remaining_ms, s.key_id)
+                await self._keep_detached(keys=_keys(s),
+                                          args=[*args, *s.fields()] if whole else args,
                                           client=pipe)
-            return list(await pipe.execute())
+            return [int(r) for r in await pipe.execute()]
+
+
+def _keys(session: Session) -> scripts.SessionKeys:
+    return scripts.SessionKeys.of(session.session_id, session.pod_id, session.key_id)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def _rebuilding_lost(
-    items: list[Any], run: Callable[[list[Any], bool], Awaitable[list[Any]]]
-) -> list[Any]:
+    items: list[Any], run: Callable[[list[Any], bool], Awaitable[list[int]]]
+) -> list[int]:
     """``run`` over ``items`` without their records, then again with the records for
-    those whose record Redis had lost (reply 3)."""
+    those whose record Redis had lost (Renewed.LOST, Kept.LOST)."""
     replies = await run(items, False)
-    lost = [i for i, reply in enumerate(replies) if reply == 3]
+    lost = [i for i, reply in enumerate(replies) if reply == scripts.Renewed.LOST]
     if lost:
         for i, reply in zip(lost, await run([items[i] for i in lost], True), strict=True):
             replies[i] = reply

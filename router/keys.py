@@ -13,8 +13,8 @@
 
 The zsets carry a TTL as long as their last member counts (the queue and its counter as
 long as their last waiter polls), so the keys of dead pods
-and idle API keys vanish by themselves. The Lua scripts build the same names from the
-same prefix; keep both in step.
+and idle API keys vanish by themselves. These builders are the only place the names are
+written: the Lua scripts are given every key they touch (:mod:`asrpool.router.scripts`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ def session(sid: str) -> str:
     return f"{P}:session:{sid}"
 
 
+def ended(sid: str) -> str:
+    return f"{session(sid)}:ended"
+
+
 def pod_sessions(pod_id: str) -> str:
     return f"{P}:pod:{pod_id}:sessions"
 
@@ -38,3 +42,11 @@ def key_sessions(key_id: str) -> str:
 
 def pool_queue(pool: str) -> str:
     return f"{P}:pool:{pool}:queue"
+
+
+def queue_seq(pool: str) -> str:
+    return f"{pool_queue(pool)}:seq"
+
+
+def key_queue(pool: str, key_id: str) -> str:
+    return f"{pool_queue(pool)}:key:{key_id}"

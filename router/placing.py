@@ -17,7 +17,7 @@ import uuid
 import redis
 
 from asrpool.common import protocol, rates
-from asrpool.router import admissions, pods, refusals, settings, wiring
+from asrpool.router import admissions, pods, refusals, scripts, settings, wiring
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +27,18 @@ Placed = tuple[admissions.Session, pods.Opened]
 def refusal_for(
     refused: admissions.Refused, request: admissions.Request, config: settings.RouterSettings
 ) -> refusals.Refusal:
-    if refused.reason == "unknown_pool":
-        return refusals.unknown_pool(request.pool)
-    if refused.reason == "key_limit":
-        return refusals.key_limit(request.key_id, request.key_limit)
-    if refused.reason == "queue_full":
-        return refusals.queue_full(config.queue_max)
-    if refused.reason == "key_queue_full":
-        return refusals.key_queue_full(request.key_id, config.queue_max_per_key)
-    if refused.reason == "bad_resume_token":
-        return refusals.bad_resume_token()
-    if refused.reason == "pod_gone":
-        return refusals.pod_gone()
-    return refusals.busy()
+    denial = scripts.Denial
+    told = {
+        denial.UNKNOWN_POOL: lambda: refusals.unknown_pool(request.pool),
+        denial.KEY_LIMIT: lambda: refusals.key_limit(request.key_id, request.key_limit),
+        denial.QUEUE_FULL: lambda: refusals.queue_full(config.queue_max),
+        denial.KEY_QUEUE_FULL: lambda: refusals.key_queue_full(request.key_id,
+                                                               config.queue_max_per_key),
+        denial.BAD_RESUME_TOKEN: refusals.bad_resume_token,
+        denial.POD_GONE: refusals.pod_gone,
+        denial.BUSY: refusals.busy,
+    }
+    return told[refused.reason]()
 
 
 async def place(
@@ -56,11 +55,12 @@ async def place(
     while not gone.is_set():
         got = await deps.admissions.admit(request, tried, ticket)
         if isinstance(got, admissions.Refused):
-            if got.reason == "busy" and ticket and time.monotonic() < deadline:
+            if got.reason == scripts.Denial.BUSY and ticket and time.monotonic() < deadline:
                 await _wait(gone, config.queue_poll_seconds)
                 continue
             if ticket:
-                await deps.admissions.leave_queue(request, ticket, got.reason == "busy")
+                busy = got.reason == scripts.Denial.BUSY
+                await deps.admissions.leave_queue(request, ticket, busy)
             return refusal_for(got, request, deps.config)
         # The dial is not cancelled when the client leaves meanwhile (it is bounded by
         # pod_connect_timeout_seconds): a link dropped half open would leave the pod holding
@@ -119,7 +119,7 @@ async def _claim(
     deadline = time.monotonic() + config.pod_gone_after_ms / 1000
     while True:
         got = await held.resume(request)
-        pod_missing = isinstance(got, admissions.Refused) and got.reason == "pod_gone"
+        pod_missing = isinstance(got, admissions.Refused) and got.reason == scripts.Denial.POD_GONE
         if not pod_missing or time.monotonic() >= deadline:
             return got
         await asyncio.sleep(config.queue_poll_seconds)

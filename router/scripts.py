@@ -2,19 +2,59 @@
 
 Redis runs a script alone, so two routers racing for the last slot of a pod see each
 other's reservations: the pod is never given more streams than it has slots. Time is
-Redis's own (``TIME``), so routers on skewed clocks agree on lease deadlines. Keys are
-built inside the scripts from the ``asrpool`` prefix (see :mod:`asrpool.router.keys`);
-this ties the router to one Redis (or a primary with replicas), not a Redis Cluster.
+Redis's own (``TIME``), so routers on skewed clocks agree on lease deadlines.
+
+Each script has a typed codec: a ``...Keys`` tuple of every key it touches, built by the
+Python key builders (:mod:`asrpool.router.keys`, :mod:`asrpool.common.registry`,
+:mod:`asrpool.common.waiting`) and passed in ``KEYS`` (no script builds a key name), a
+``...Args`` tuple for ``ARGV``, and a reply decoder. The Lua reads both by position, so
+the order of a tuple's fields is the script's calling convention: change them together.
+A script whose keys depend on Redis's contents (ADMIT's pods, RESUME's pod) is given
+them by its caller, which read them first, and checks them against what it finds.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
 from typing import NamedTuple
 
-from asrpool.common import waiting
+from asrpool.common import registry, waiting
+from asrpool.router import keys
+
+Argv = list[str | int]
+
+
+class Denial(enum.StrEnum):
+    """Why a script refused: each is one of the client's refusals (placing.refusal_for)."""
+
+    BUSY = "busy"
+    UNKNOWN_POOL = "unknown_pool"
+    KEY_LIMIT = "key_limit"
+    QUEUE_FULL = "queue_full"
+    KEY_QUEUE_FULL = "key_queue_full"
+    BAD_RESUME_TOKEN = "bad_resume_token"
+    POD_GONE = "pod_gone"
+
+
+class Renewed(enum.IntEnum):
+    """A lease renewal's answer (RENEW_MANY, RENEW_WHOLE)."""
+
+    TAKEN = 0  # claimed by another connection, or released: it stays so
+    RENEWED = 1
+    POD_SILENT = 2  # renewed, but the pod's heartbeat has lapsed
+    LOST = 3  # Redis lost the record: ask again with its fields
+
+
+class Kept(enum.IntEnum):
+    """KEEP_DETACHED's answer."""
+
+    GONE = 0  # resumed, released or claimed by another router: no longer this one's
+    KEPT = 1
+    LOST = 3  # Redis lost the record: ask again with its fields
+
 
 _PRELUDE = """
-local P = 'asrpool'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- keep a key at least ms longer (never shorten it): keys of dead pods and keys vanish
@@ -27,45 +67,69 @@ local function count(key, until_ms, sid)
   keep(key, until_ms - now)
 end
 -- count a session against its pod and, when it has one, its API key
-local function hold(pod, key_id, until_ms, sid)
-  count(P .. ':pod:' .. pod .. ':sessions', until_ms, sid)
-  if key_id ~= '' then count(P .. ':apikey:' .. key_id .. ':sessions', until_ms, sid) end
+local function hold(pod_sessions, key_sessions, key_id, until_ms, sid)
+  count(pod_sessions, until_ms, sid)
+  if key_id ~= '' then count(key_sessions, until_ms, sid) end
 end
 -- a request of the pool refused 'busy', for the operator's demand (common.waiting)
-local function refused(pool, id)
-  local key = P .. ':pool:' .. pool .. ':refused'
+local function refused(key, id)
   redis.call('ZADD', key, now, id)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - REFUSALS_KEPT_MS)
   redis.call('PEXPIRE', key, REFUSALS_KEPT_MS)
 end
 """.replace("REFUSALS_KEPT_MS", str(waiting.REFUSALS_KEPT_MS))
 
-# The load of one pod, mirroring policies.effective_used. Returns nil for a pod whose
-# heartbeat hash has expired.
-_LOAD = """
-local function load(pod_id)
-  local h = redis.call('HMGET', P .. ':pod:' .. pod_id,
-    'total_slots', 'free_slots', 'draining', 'address')
-  if not h[1] or not h[2] or not h[4] then return nil end
-  local total = tonumber(h[1])
-  local sessions = P .. ':pod:' .. pod_id .. ':sessions'
-  redis.call('ZREMRANGEBYSCORE', sessions, '-inf', now)
-  local used = math.max(total - tonumber(h[2]), redis.call('ZCARD', sessions))
-  return {id = pod_id, address = h[4], total = total,
-          free = math.max(0, total - used), draining = h[3] == '1'}
-end
-"""
+
+class SessionKeys(NamedTuple):
+    """The keys of one session's record and its counts: every script of one session
+    takes them first, in this order."""
+
+    session: str
+    ended: str  # the tombstone of a released session
+    pod_sessions: str
+    key_sessions: str  # touched only for a session that has an API key
+
+    @classmethod
+    def of(cls, sid: str, pod_id: str, key_id: str) -> SessionKeys:
+        record = keys.session(sid)
+        return cls(record, keys.ended(sid), keys.pod_sessions(pod_id), keys.key_sessions(key_id))
+
+
+class AdmitKeys(NamedTuple):
+    """ADMIT's KEYS, in order; each candidate pod's hash and session count follow."""
+
+    pools: str
+    pool_pods: str
+    members: str
+    queue: str
+    queue_leases: str
+    queue_seq: str
+    key_queue: str
+    refused: str
+    session: str
+    key_sessions: str
+
+    @classmethod
+    def of(cls, pool: str, sid: str, key_id: str) -> AdmitKeys:
+        return cls(registry.POOLS_KEY, registry.pool_pods_key(pool),
+                   registry.pool_members_key(pool), keys.pool_queue(pool),
+                   waiting.queue_leases_key(pool), keys.queue_seq(pool),
+                   keys.key_queue(pool, key_id), waiting.refusals_key(pool), keys.session(sid),
+                   keys.key_sessions(key_id))
+
+    def with_pods(self, pod_ids: Sequence[str]) -> list[str]:
+        return [*self, *(k for pod_id in pod_ids
+                          for k in (registry.pod_key(pod_id), keys.pod_sessions(pod_id)))]
+
 
 class AdmitArgs(NamedTuple):
-    """ADMIT's ARGV, in order (the Lua reads ARGV[1..16] by these positions)."""
+    """ADMIT's ARGV, in order; the candidate pods' ids follow (in the order of their keys)."""
 
-    pool: str
     sid: str
     key_id: str
     key_limit: int
     policy: str
     hold_ms: int
-    exclude: str  # comma separated pod ids
     ticket: str
     ticket_lease_ms: int
     router: str
@@ -75,16 +139,16 @@ class AdmitArgs(NamedTuple):
     queue_max: int  # waiters a pool's queue holds at most (a new one beyond: queue_full)
     queue_max_per_key: int  # waiters of one API key at most (beyond: key_queue_full); 0: any
     members_required: int  # 1: a pool whose pods are not listed has none (0: any heartbeat)
+    pool: str
 
-    def argv(self) -> list[str | int]:
-        return list(self)
+    def with_pods(self, pod_ids: Sequence[str]) -> Argv:
+        return [*self, *pod_ids]
 
 
 class AdmitReply(NamedTuple):
-    """ADMIT's reply: {'ok', pod_id, address, now_ms} | {'busy', rank} |
-    {'unknown_pool'} | {'key_limit'} | {'queue_full'} | {'key_queue_full'}."""
+    """ADMIT's reply: {'ok', pod_id, address, now_ms} | {'busy', rank} | {denial}."""
 
-    outcome: str
+    denial: Denial | None  # None: admitted
     pod_id: str = ""
     address: str = ""
     now_ms: int = 0
@@ -93,48 +157,60 @@ class AdmitReply(NamedTuple):
     @classmethod
     def decode(cls, reply: list[str]) -> AdmitReply:
         if reply[0] == "ok":
-            return cls("ok", reply[1], reply[2], int(reply[3]))
-        return cls(reply[0], rank=int(reply[1]) if len(reply) > 1 else None)
+            return cls(None, reply[1], reply[2], int(reply[3]))
+        return cls(Denial(reply[0]), rank=int(reply[1]) if len(reply) > 1 else None)
 
 
-ADMIT = (
-    _PRELUDE
-    + _LOAD
-    + """
-local pool, sid, key_id = ARGV[1], ARGV[2], ARGV[3]
-local key_limit, policy = tonumber(ARGV[4]), ARGV[5]
-local hold_ms = tonumber(ARGV[6])
-local exclude = {}
-for id in string.gmatch(ARGV[7], '[^,]+') do exclude[id] = true end
-local ticket, ticket_lease_ms = ARGV[8], tonumber(ARGV[9])
+# The load of one pod, mirroring policies.effective_used. Returns nil for a pod whose
+# heartbeat hash has expired.
+_LOAD = """
+local function load(pod_id, hash, sessions)
+  local h = redis.call('HMGET', hash, 'total_slots', 'free_slots', 'draining', 'address')
+  if not h[1] or not h[2] or not h[4] then return nil end
+  local total = tonumber(h[1])
+  redis.call('ZREMRANGEBYSCORE', sessions, '-inf', now)
+  local used = math.max(total - tonumber(h[2]), redis.call('ZCARD', sessions))
+  return {id = pod_id, address = h[4], total = total, sessions = sessions,
+          free = math.max(0, total - used), draining = h[3] == '1'}
+end
+"""
 
-if redis.call('SISMEMBER', P .. ':pools', pool) == 0 then return {'unknown_pool'} end
+ADMIT = _PRELUDE + _LOAD + """
+local K_POOLS, K_PODS, K_MEMBERS, K_QUEUE, K_LEASES, K_SEQ, K_KEY_QUEUE, K_REFUSED,
+  K_SESSION, K_KEY_SESSIONS = unpack(KEYS, 1, 10)
+local sid, key_id = ARGV[1], ARGV[2]
+local key_limit, policy = tonumber(ARGV[3]), ARGV[4]
+local hold_ms = tonumber(ARGV[5])
+local ticket, ticket_lease_ms = ARGV[6], tonumber(ARGV[7])
+local queue_max, queue_max_per_key = tonumber(ARGV[12]), tonumber(ARGV[13])
+local members_required, pool = ARGV[14] == '1', ARGV[15]
+local FIRST_POD = 16
 
-local key_sessions = P .. ':apikey:' .. key_id .. ':sessions'
+if redis.call('SISMEMBER', K_POOLS, pool) == 0 then return {'unknown_pool'} end
+
 if key_id ~= '' then
-  redis.call('ZREMRANGEBYSCORE', key_sessions, '-inf', now)
-  if key_limit > 0 and redis.call('ZCARD', key_sessions) >= key_limit then
+  redis.call('ZREMRANGEBYSCORE', K_KEY_SESSIONS, '-inf', now)
+  if key_limit > 0 and redis.call('ZCARD', K_KEY_SESSIONS) >= key_limit then
     return {'key_limit'}
   end
 end
 
-local pods_key = P .. ':pool:' .. pool .. ':pods'
-redis.call('ZREMRANGEBYSCORE', pods_key, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', K_PODS, '-inf', now)
 -- a heartbeat alone does not make a pod: once the pool's real pods are listed (by the
 -- operator or the local platform), only a listed pod at its listed IP is admitted to
-local members = P .. ':pool:' .. pool .. ':members'
-local listed = redis.call('EXISTS', members) == 1
-local members_required = ARGV[16] == '1'
+local listed = redis.call('EXISTS', K_MEMBERS) == 1
 local function real(pod)
   if not listed then return not members_required end
-  local ip = redis.call('HGET', members, pod.id)
+  local ip = redis.call('HGET', K_MEMBERS, pod.id)
   return ip ~= false and ip ~= '' and string.match(pod.address, '^(.*):%d+$') == ip
 end
 local best = nil
 local free_total = 0
-for _, pod_id in ipairs(redis.call('ZRANGE', pods_key, 0, -1)) do
-  local pod = load(pod_id)
-  if pod and not pod.draining and pod.free > 0 and not exclude[pod.id] and real(pod) then
+for i = FIRST_POD, #ARGV do
+  local pod_id = ARGV[i]
+  local k = 11 + 2 * (i - FIRST_POD)
+  local pod = redis.call('ZSCORE', K_PODS, pod_id) and load(pod_id, KEYS[k], KEYS[k + 1])
+  if pod and not pod.draining and pod.free > 0 and real(pod) then
     free_total = free_total + pod.free
     if best == nil then
       best = pod
@@ -146,239 +222,293 @@ for _, pod_id in ipairs(redis.call('ZRANGE', pods_key, 0, -1)) do
   end
 end
 
-local queue = P .. ':pool:' .. pool .. ':queue'
-local leases = queue .. ':leases'
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
-  redis.call('ZREM', queue, gone)
-  redis.call('ZREM', leases, gone)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now)) do
+  redis.call('ZREM', K_QUEUE, gone)
+  redis.call('ZREM', K_LEASES, gone)
 end
-local key_queue = queue .. ':key:' .. key_id
 local rank
 if ticket ~= '' then
-  if not redis.call('ZSCORE', queue, ticket) then
-    if redis.call('ZCARD', queue) >= tonumber(ARGV[14]) then return {'queue_full'} end
-    if key_id ~= '' and tonumber(ARGV[15]) > 0 then
-      redis.call('ZREMRANGEBYSCORE', key_queue, '-inf', now)
-      if redis.call('ZCARD', key_queue) >= tonumber(ARGV[15]) then return {'key_queue_full'} end
+  if not redis.call('ZSCORE', K_QUEUE, ticket) then
+    if redis.call('ZCARD', K_QUEUE) >= queue_max then return {'queue_full'} end
+    if key_id ~= '' and queue_max_per_key > 0 then
+      redis.call('ZREMRANGEBYSCORE', K_KEY_QUEUE, '-inf', now)
+      if redis.call('ZCARD', K_KEY_QUEUE) >= queue_max_per_key then return {'key_queue_full'} end
     end
-    redis.call('ZADD', queue, redis.call('INCR', queue .. ':seq'), ticket)
+    redis.call('ZADD', K_QUEUE, redis.call('INCR', K_SEQ), ticket)
   end
   -- every poll keeps the queue and its counter alive: a queue (or counter) that expired
   -- under waiting tickets would number them again in the order of their next polls
-  count(leases, now + ticket_lease_ms, ticket)
-  keep(queue, ticket_lease_ms)
-  keep(queue .. ':seq', ticket_lease_ms)
-  if key_id ~= '' then count(key_queue, now + ticket_lease_ms, ticket) end
-  rank = redis.call('ZRANK', queue, ticket)
+  count(K_LEASES, now + ticket_lease_ms, ticket)
+  keep(K_QUEUE, ticket_lease_ms)
+  keep(K_SEQ, ticket_lease_ms)
+  if key_id ~= '' then count(K_KEY_QUEUE, now + ticket_lease_ms, ticket) end
+  rank = redis.call('ZRANK', K_QUEUE, ticket)
 else
-  rank = redis.call('ZCARD', queue)
+  rank = redis.call('ZCARD', K_QUEUE)
 end
 if best == nil or rank >= free_total then
-  if ticket == '' then refused(pool, sid) end  -- a waiting client counts once it gives up
+  if ticket == '' then refused(K_REFUSED, sid) end  -- a waiting client counts once it gives up
   return {'busy', tostring(rank)}
 end
 if ticket ~= '' then
-  redis.call('ZREM', queue, ticket)
-  redis.call('ZREM', leases, ticket)
-  redis.call('ZREM', key_queue, ticket)
+  redis.call('ZREM', K_QUEUE, ticket)
+  redis.call('ZREM', K_LEASES, ticket)
+  redis.call('ZREM', K_KEY_QUEUE, ticket)
 end
 
-hold(best.id, key_id, now + tonumber(ARGV[13]), sid)
-local skey = P .. ':session:' .. sid
-redis.call('HSET', skey, 'session_id', sid, 'pool', pool, 'pod', best.id,
-  'address', best.address, 'key_id', key_id, 'started_ms', now, 'router', ARGV[10],
-  'token_sha', ARGV[11], 'conn', ARGV[12], 'state', 'reserved')
-redis.call('PEXPIRE', skey, hold_ms)
+hold(best.sessions, K_KEY_SESSIONS, key_id, now + tonumber(ARGV[11]), sid)
+redis.call('HSET', K_SESSION, 'session_id', sid, 'pool', pool, 'pod', best.id,
+  'address', best.address, 'key_id', key_id, 'started_ms', now, 'router', ARGV[8],
+  'token_sha', ARGV[9], 'conn', ARGV[10], 'state', 'reserved')
+redis.call('PEXPIRE', K_SESSION, hold_ms)
 return {'ok', best.id, best.address, tostring(now)}
 """
-)
+
+
+class LeaveKeys(NamedTuple):
+    """LEAVE_QUEUE's KEYS, in order."""
+
+    queue: str
+    queue_leases: str
+    key_queue: str
+    refused: str
+
+    @classmethod
+    def of(cls, pool: str, key_id: str) -> LeaveKeys:
+        return cls(keys.pool_queue(pool), waiting.queue_leases_key(pool),
+                   keys.key_queue(pool, key_id), waiting.refusals_key(pool))
+
 
 class LeaveArgs(NamedTuple):
     """LEAVE_QUEUE's ARGV, in order."""
 
-    pool: str
     ticket: str
-    key_id: str
-    refused: bool = False  # the client is told 'busy': left for the operator as demand
-
-    def argv(self) -> list[str | int]:
-        return [self.pool, self.ticket, self.key_id, "1" if self.refused else "0"]
+    refused: int  # 1: the client is told 'busy': left for the operator as demand
 
 
 # Leave the wait queue (a waiter gave up, or its client left): at once, so that no
 # one behind it waits for a ticket nobody will use.
 LEAVE_QUEUE = _PRELUDE + """
-local queue = P .. ':pool:' .. ARGV[1] .. ':queue'
-redis.call('ZREM', queue, ARGV[2])
-redis.call('ZREM', queue .. ':leases', ARGV[2])
-redis.call('ZREM', queue .. ':key:' .. ARGV[3], ARGV[2])
-if ARGV[4] == '1' then refused(ARGV[1], ARGV[2]) end
+for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+if ARGV[2] == '1' then refused(KEYS[4], ARGV[1]) end
 return 1
 """
+
+
+class AttachArgs(NamedTuple):
+    """ATTACH's ARGV, in order (its KEYS: the session's :class:`SessionKeys`)."""
+
+    sid: str
+    conn: str
+    hold_ms: int
+    key_id: str
+    pod_resume_token: str
+    pod_session_id: str
+
 
 # The pod accepted the stream: it now holds the slot, for its resume grace even if this
-# router dies, so the session counts for the whole hold. ARGV: sid, conn, hold_ms,
-# pod_resume_token, pod_session_id. Returns 0 when the session is no longer this
-# connection's.
-ATTACH = (
-    _PRELUDE
-    + """
-local skey = P .. ':session:' .. ARGV[1]
-if redis.call('HGET', skey, 'conn') ~= ARGV[2] then return 0 end
-local h = redis.call('HMGET', skey, 'pod', 'key_id')
-redis.call('HSET', skey, 'state', 'attached', 'pod_resume_token', ARGV[4],
-  'pod_session_id', ARGV[5])
-redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
-local until_ms = now + tonumber(ARGV[3])
-hold(h[1], h[2], until_ms, ARGV[1])
+# router dies, so the session counts for the whole hold. Returns 0 when the session is
+# no longer this connection's.
+ATTACH = _PRELUDE + """
+if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'attached', 'pod_resume_token', ARGV[5],
+  'pod_session_id', ARGV[6])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+hold(KEYS[3], KEYS[4], ARGV[4], now + tonumber(ARGV[3]), ARGV[1])
 return 1
 """
-)
 
-# Renew one session's lease: 0: claimed by another connection, or released (it stays
-# so); 1: renewed; 2: renewed, but the pod's heartbeat has lapsed; 3: Redis lost the
-# record (a restart) and ``fields`` (its field/value pairs) were not given: ask again
-# with them. ``alive`` caches each pod's heartbeat over one script.
+# Renew one session's lease (see :class:`Renewed`); ``k`` is the index of its first key
+# (SessionKeys, then its pod's hash) and ``fields`` its record's field/value pairs, when
+# they are to be written back. ``alive`` caches each pod's heartbeat over one script.
 _RENEW_ONE = """
-local function renew(sid, conn, hold_ms, pod, key_id, fields, alive)
-  local skey = P .. ':session:' .. sid
+local function renew(k, sid, conn, hold_ms, key_id, fields, alive)
+  local skey, pod_hash = KEYS[k], KEYS[k + 4]
   local owner = redis.call('HGET', skey, 'conn')
   if owner and owner ~= conn then return 0 end
-  if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end
+  if redis.call('EXISTS', KEYS[k + 1]) == 1 then return 0 end
   if not owner then
     if not fields then return 3 end
     redis.call('HSET', skey, 'conn', conn, unpack(fields))
   end
   redis.call('PEXPIRE', skey, hold_ms)
-  hold(pod, key_id, now + hold_ms, sid)
-  if alive[pod] == nil then alive[pod] = redis.call('EXISTS', P .. ':pod:' .. pod) == 1 end
-  if not alive[pod] then return 2 end
+  hold(KEYS[k + 2], KEYS[k + 3], key_id, now + hold_ms, sid)
+  if alive[pod_hash] == nil then alive[pod_hash] = redis.call('EXISTS', pod_hash) == 1 end
+  if not alive[pod_hash] then return 2 end
   return 1
 end
 """
 
 
 class RenewArgs(NamedTuple):
-    """One session in RENEW_MANY's ARGV (after the hold), in order."""
+    """One session in RENEW_MANY's ARGV (after the hold), in order; its KEYS are its
+    :class:`SessionKeys` and its pod's hash (:meth:`key_names`)."""
 
     sid: str
     conn: str
     pod: str
     key_id: str
 
+    def key_names(self) -> list[str]:
+        return [*SessionKeys.of(self.sid, self.pod, self.key_id), registry.pod_key(self.pod)]
 
-def renew_many_argv(hold_ms: int, sessions: list[RenewArgs]) -> list[str | int]:
-    return [hold_ms, *(value for s in sessions for value in s)]
+
+RENEW_KEYS = len(SessionKeys._fields) + 1  # KEYS per renewed session
+
+
+def renew_many(hold_ms: int, sessions: Sequence[RenewArgs]) -> tuple[list[str], Argv]:
+    """RENEW_MANY's KEYS and ARGV for these sessions."""
+    return ([k for s in sessions for k in s.key_names()],
+            [hold_ms, *(value for s in sessions for value in (s.sid, s.conn, s.key_id))])
 
 
 # Renew many sessions' leases in one call (a router renews all its sessions every
 # third of a lease: one command per session cost the relay's loop more than the
-# relaying). ARGV: hold_ms, then RenewArgs of each session. Returns each one's reply.
+# relaying). ARGV: hold_ms, then sid, conn, key_id of each session. Returns each one's
+# reply (Renewed).
 RENEW_MANY = _PRELUDE + _RENEW_ONE + """
 local hold_ms, replies, alive = tonumber(ARGV[1]), {}, {}
-for i = 2, #ARGV, 4 do
-  replies[#replies + 1] = renew(ARGV[i], ARGV[i + 1], hold_ms, ARGV[i + 2], ARGV[i + 3], nil, alive)
+for i = 2, #ARGV, 3 do
+  local k = 1 + RENEW_KEYS * ((i - 2) / 3)
+  replies[#replies + 1] = renew(k, ARGV[i], ARGV[i + 1], hold_ms, ARGV[i + 2], nil, alive)
 end
 return replies
-"""
+""".replace("RENEW_KEYS", str(RENEW_KEYS))
 
-# Renew one session and write its record back (after RENEW_MANY answered 3). ARGV:
-# sid, conn, hold_ms, pod, key_id, then the record's field/value pairs.
+
+def renew_whole(hold_ms: int, session: RenewArgs, fields: Sequence[str]) -> tuple[list[str], Argv]:
+    """RENEW_WHOLE's KEYS and ARGV: the session, then its record's field/value pairs."""
+    return session.key_names(), [session.sid, session.conn, hold_ms, session.key_id, *fields]
+
+
+# Renew one session and write its record back (after RENEW_MANY answered LOST).
 RENEW_WHOLE = _PRELUDE + _RENEW_ONE + """
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-return renew(ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], fields, {})
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+return renew(1, ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], fields, {})
 """
 
-# End a session for good. ARGV: sid, conn, pod, key_id, hold_ms. A record another
-# connection has claimed (a resume through another router) is left alone. A tombstone
-# (``...:ended``) outlives any lease the session had, so a renewal still in flight
-# cannot write the record back (RENEW_WHOLE rebuilds only what a Redis restart lost).
-RELEASE = _PRELUDE + """
-local skey = P .. ':session:' .. ARGV[1]
-local owner = redis.call('HGET', skey, 'conn')
+
+class ReleaseArgs(NamedTuple):
+    """RELEASE's ARGV, in order (its KEYS: the session's :class:`SessionKeys`)."""
+
+    sid: str
+    conn: str
+    key_id: str
+    tombstone_ms: int
+
+
+# End a session for good. A record another connection has claimed (a resume through
+# another router) is left alone. A tombstone (``...:ended``) outlives any lease the
+# session had, so a renewal still in flight cannot write the record back (RENEW_WHOLE
+# rebuilds only what a Redis restart lost).
+RELEASE = """
+local owner = redis.call('HGET', KEYS[1], 'conn')
 if owner and owner ~= ARGV[2] then return 0 end
-redis.call('DEL', skey)
-redis.call('SET', skey .. ':ended', '1', 'PX', tonumber(ARGV[5]))
-redis.call('ZREM', P .. ':pod:' .. ARGV[3] .. ':sessions', ARGV[1])
-if ARGV[4] ~= '' then redis.call('ZREM', P .. ':apikey:' .. ARGV[4] .. ':sessions', ARGV[1]) end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[4]))
+redis.call('ZREM', KEYS[3], ARGV[1])
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[1]) end
 return 1
 """
+
+
+class DetachArgs(NamedTuple):
+    """DETACH's ARGV, in order (its KEYS: the session's :class:`SessionKeys`)."""
+
+    sid: str
+    conn: str
+    grace_ms: int
+    key_id: str
+
 
 # The client went away but the pod keeps the slot for a resume: hold the record (and
-# count the slot) for the grace period, owned by no connection. ARGV: sid, conn, grace_ms
-DETACH = (
-    _PRELUDE
-    + """
-local skey = P .. ':session:' .. ARGV[1]
-local h = redis.call('HMGET', skey, 'conn', 'pod', 'key_id')
-if h[1] ~= ARGV[2] then return 0 end
-local until_ms = now + tonumber(ARGV[3])
-redis.call('HSET', skey, 'conn', '', 'state', 'detached')
-redis.call('PEXPIRE', skey, tonumber(ARGV[3]))
-hold(h[2], h[3], until_ms, ARGV[1])
+# count the slot) for the grace period, owned by no connection.
+DETACH = _PRELUDE + """
+if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[2] then return 0 end
+local grace_ms = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'conn', '', 'state', 'detached')
+redis.call('PEXPIRE', KEYS[1], grace_ms)
+hold(KEYS[3], KEYS[4], ARGV[4], now + grace_ms, ARGV[1])
 return 1
 """
-)
+
 
 class KeepDetachedArgs(NamedTuple):
-    """KEEP_DETACHED's ARGV, in order; the record's field/value pairs follow when the
-    record is to be written back."""
+    """KEEP_DETACHED's ARGV, in order (its KEYS: the session's :class:`SessionKeys`); the
+    record's field/value pairs follow when the record is to be written back."""
 
     sid: str
     router: str
     remaining_ms: int  # of the resume grace
-    pod: str
     key_id: str
-
-    def argv(self) -> list[str | int]:
-        return list(self)
 
 
 # The router that detached a session keeps its record for the resume grace: a record
 # that Redis lost (a restart) is written back, detached, for the rest of the grace, so
-# the client can still resume. Returns 1: kept; 0: resumed (claimed by a connection),
-# released or claimed by another router: no longer this router's to keep; 3: lost,
-# asked without the fields (send them).
-KEEP_DETACHED = (
-    _PRELUDE
-    + """
+# the client can still resume. Returns a Kept.
+KEEP_DETACHED = _PRELUDE + """
 local sid, remaining = ARGV[1], tonumber(ARGV[3])
-local skey = P .. ':session:' .. sid
-if redis.call('EXISTS', skey .. ':ended') == 1 then return 0 end
-local h = redis.call('HMGET', skey, 'state', 'router', 'conn')
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local h = redis.call('HMGET', KEYS[1], 'state', 'router', 'conn')
 if h[1] then
   if h[1] ~= 'detached' or h[2] ~= ARGV[2] or h[3] ~= '' then return 0 end
   return 1
 end
-if #ARGV == 5 then return 3 end
+if #ARGV == 4 then return 3 end
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', skey, unpack(fields))
-redis.call('HSET', skey, 'conn', '', 'state', 'detached')
-redis.call('PEXPIRE', skey, remaining)
-hold(ARGV[4], ARGV[5], now + remaining, sid)
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('HSET', KEYS[1], 'conn', '', 'state', 'detached')
+redis.call('PEXPIRE', KEYS[1], remaining)
+hold(KEYS[3], KEYS[4], ARGV[4], now + remaining, sid)
 return 1
 """
-)
 
 
-# Claim a session to resume it. ARGV: sid, token_sha, key_id, conn, hold_ms, router
-# Returns {'ok', pod, address, pod_resume_token, pool, started_ms} | {'bad_token'} | {'pod_gone'}
-RESUME = (
-    _PRELUDE
-    + """
-local skey = P .. ':session:' .. ARGV[1]
-local h = redis.call('HMGET', skey, 'token_sha', 'pod', 'address', 'key_id',
+class ResumeArgs(NamedTuple):
+    """RESUME's ARGV, in order. Its KEYS: the session's :class:`SessionKeys` for the pod
+    its record names (read first: a session stays on its pod for life), then that pod's
+    hash."""
+
+    sid: str
+    token_sha: str
+    key_id: str
+    conn: str
+    hold_ms: int
+    router: str
+    pod: str
+
+
+class ResumeReply(NamedTuple):
+    """RESUME's reply: {'ok', address, pod_resume_token, pool, started_ms} | {denial}."""
+
+    denial: Denial | None  # None: claimed
+    address: str = ""
+    pod_resume_token: str = ""
+    pool: str = ""
+    started_ms: int = 0
+
+    @classmethod
+    def decode(cls, reply: list[str]) -> ResumeReply:
+        if reply[0] != "ok":
+            return cls(Denial(reply[0]))
+        return cls(None, reply[1], reply[2], reply[3], int(reply[4]))
+
+
+# Claim a session to resume it, in one step: the token, the key and the pod are checked
+# and the record taken for this connection (the last claim wins, as on the pod).
+RESUME = _PRELUDE + """
+local h = redis.call('HMGET', KEYS[1], 'token_sha', 'pod', 'address', 'key_id',
   'pod_resume_token', 'pool', 'started_ms')
-if not h[1] or h[1] ~= ARGV[2] or h[4] ~= ARGV[3] or not h[5] or h[5] == '' then
-  return {'bad_token'}
+if not h[1] or h[1] ~= ARGV[2] or h[4] ~= ARGV[3] or not h[5] or h[5] == ''
+    or h[2] ~= ARGV[7] then
+  return {'bad_resume_token'}
 end
-if redis.call('EXISTS', P .. ':pod:' .. h[2]) == 0 then return {'pod_gone'} end
-local deadline = now + tonumber(ARGV[5])
-redis.call('HSET', skey, 'conn', ARGV[4], 'router', ARGV[6], 'state', 'resuming')
-redis.call('PEXPIRE', skey, tonumber(ARGV[5]))
-hold(h[2], h[4], deadline, ARGV[1])
-return {'ok', h[2], h[3], h[5], h[6], h[7]}
+if redis.call('EXISTS', KEYS[5]) == 0 then return {'pod_gone'} end
+local hold_ms = tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'conn', ARGV[4], 'router', ARGV[6], 'state', 'resuming')
+redis.call('PEXPIRE', KEYS[1], hold_ms)
+hold(KEYS[3], KEYS[4], ARGV[3], now + hold_ms, ARGV[1])
+return {'ok', h[3], h[5], h[6], h[7]}
 """
-)

@@ -45,7 +45,7 @@ ANONYMOUS = auth.ApiKey(id="", sha256="")
 
 def unauthorized(deps: wiring.Deps) -> responses.Response:
     """The answer to a missing or unknown API key (stream, upload or view), counted."""
-    deps.meters.rejections.labels("unauthorized").inc()
+    deps.meters.rejections.labels(protocol.ErrorCode.UNAUTHORIZED).inc()
     return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
 
 

@@ -38,7 +38,8 @@ from asrpool.router import (
 log = logging.getLogger(__name__)
 
 _POD_SECONDS = 3600.0  # a whole file at faster than real time; the pod bounds its own wait
-_STATUS = {"unknown_pool": 404, "key_limit": 429, "busy": 503, "unavailable": 503}
+_STATUS = {protocol.ErrorCode.UNKNOWN_POOL: 404, protocol.ErrorCode.KEY_LIMIT: 429,
+           protocol.ErrorCode.BUSY: 503, protocol.ErrorCode.UNAVAILABLE: 503}
 
 
 async def transcribe(

@@ -1,7 +1,7 @@
 """A pool's unmet demand in Redis: clients waiting for a slot and clients refused one.
 
-Routers write both (the Lua scripts of :mod:`asrpool.router.scripts` build the same
-names from the same prefix); the operator reads them to grow a pool, or to wake one at
+Routers write both (the Lua scripts of :mod:`asrpool.router.scripts` are given these
+names); the operator reads them to grow a pool, or to wake one at
 zero, before any stream runs on it.
 
 | key | type | content |

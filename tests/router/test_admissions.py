@@ -214,6 +214,39 @@ async def test_release_and_renew_leave_a_session_claimed_elsewhere_alone(
     assert await redis.hget(keys.session(held.session_id), "conn") == "new-conn"
 
 
+async def test_resumes_racing_through_many_routers_leave_one_owner(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """Each claim checks and takes the record in one script: six routers (own clients)
+    resuming one session at once leave it with one connection, which no other's late
+    release or renewal disturbs, and the pod's slot counted once."""
+    await support.beat(redis, "a", total=2)
+    s = store(redis, redis_server.url)
+    req = request(key_id="team")
+    held = await s.admit(req)
+    assert isinstance(held, admissions.Session)
+    held.pod_resume_token = "pod-token"
+    await s.attach(held)
+    await s.detach(held)
+    clients = [aioredis.Redis.from_url(redis_server.url, decode_responses=True) for _ in range(6)]
+    routers = [store(c, redis_server.url) for c in clients]
+    claims = await asyncio.gather(*(r.resume(admissions.Request("", "team", 0, req.token, f"c{i}"))
+                                    for i, r in enumerate(routers)))
+    resumed = [c for c in claims if isinstance(c, admissions.Session)]
+    assert len(resumed) == 6  # the last claim wins, as on the pod
+    owner = await redis.hget(keys.session(held.session_id), "conn")
+    losers = [(r, c) for r, c in zip(routers, resumed, strict=True) if c.conn != owner]
+    assert len(losers) == 5
+    for router, lost in losers:
+        await router.renew([lost])
+        await router.release(lost)
+    assert await redis.hget(keys.session(held.session_id), "conn") == owner
+    assert await redis.zcard(keys.pod_sessions("a")) == 1
+    assert await free_of(redis) == {"a": 1}
+    for c in clients:
+        await c.aclose()
+
+
 async def test_resume_needs_the_token_the_key_and_a_live_pod(
     redis: aioredis.Redis, redis_server: RedisServer
 ) -> None:
