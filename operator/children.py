@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from asrpool.common import auth, redis_acl, redis_clients, seeds
-from asrpool.operator import naming, pools, settings, sources, templates
+from asrpool.operator import naming, pools, settings, sources, specs, templates
 
 KEYS_DIR = pools.KEYS_DIR
 Child = dict[str, Any]
@@ -49,7 +49,7 @@ def with_pod_token(pool: pools.Pool, config: settings.OperatorSettings) -> pools
     if config.pod_token_seed is None:
         return pool
     if pool.pod_token is not None and pool.pod_token != _own_token(pool):
-        raise pools.InvalidPool(
+        raise specs.InvalidSpec(
             "spec.auth.podTokenSecret: this operator gives each pool its own pod token (its"
             f" Secret {_own_token(pool).name}), which is what the routers send; leave"
             " podTokenSecret out")

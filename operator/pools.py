@@ -2,7 +2,8 @@
 
 The CRD's schema rejects most bad input at the API server. What it cannot see (a pool
 that needs more GPUs than it may use, autoscaling bounds out of order, a name too long
-for its children) is checked here, and :class:`InvalidPool` says what to fix. Defaults
+for its children) is checked here, and :class:`~asrpool.operator.specs.InvalidSpec`
+says what to fix (the fields are read by :mod:`~asrpool.operator.specs`). Defaults
 mirror the CRD's own (a test holds them equal), because an API server that skips
 defaulting, or an older CRD, must not change what the operator builds.
 """
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asrpool.common import dtypes
-from asrpool.operator import naming, sources, templates
+from asrpool.operator import naming, sources, specs, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
 DEFAULT_SLOTS_PER_POD = 8
@@ -25,10 +26,6 @@ DEFAULT_DRAIN_GRACE_SECONDS = 60
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_DTYPE = dtypes.AUTO  # the server's policy: bfloat16 on CUDA, float32 on the CPU
-
-
-class InvalidPool(ValueError):
-    """The pool cannot be built as written; the message names the field and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +147,10 @@ def pods_for(slots: int, slots_per_pod: int) -> int:
 
 
 def from_body(body: Mapping[str, Any]) -> Pool:
-    """Read and check a pool object (``metadata`` and ``spec``); raise :class:`InvalidPool`."""
-    meta, spec = body.get("metadata", {}), body.get("spec") or {}
-    source, template = _model(spec), _template(spec)
+    """Read and check a pool object (``metadata`` and ``spec``); raise
+    :class:`~asrpool.operator.specs.InvalidSpec`."""
+    meta, spec = body.get("metadata", {}), specs.Section("spec", body.get("spec") or {})
+    source, template = _model(spec), templates.read(spec)
     pool = Pool(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or "default"),
@@ -161,48 +159,39 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         source=source,
         dtype=_dtype(spec),
         template=template,
-        slots=_integer(spec, "slots", required=True),
+        slots=spec.integer("slots", required=True),
         slots_per_pod=_slots_per_pod(spec),
-        context=_integer(spec, "context", DEFAULT_CONTEXT, minimum=1),
-        image=_text(spec, "image"),
-        image_pull_policy=_text(spec, "imagePullPolicy") or DEFAULT_PULL_POLICY,
-        max_gpus=_optional_integer(spec, "maxGPUs"),
-        drain_grace_seconds=_integer(spec, "drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
-        node_selector=_mapping(spec, "nodeSelector"),
-        tolerations=tuple(_list(spec, "tolerations")),
-        affinity=_mapping(spec, "affinity"),
-        priority_class=_text(spec, "priorityClassName"),
-        autoscaling=_autoscaling(_section(spec, "autoscaling"), _slots_per_pod(spec)),
-        api_keys=_secret(_section(spec, "auth"), "apiKeysSecret", "keys.yaml"),
-        pod_token=_secret(_section(spec, "auth"), "podTokenSecret", "token"),
-        rollout=_rollout(_section(spec, "rollout")),
-        disruption_budget=_disruption_budget(_section(spec, "disruptionBudget")),
-        **_resources(_section(spec, "resources")),
+        context=spec.integer("context", DEFAULT_CONTEXT, minimum=1),
+        image=spec.text("image"),
+        image_pull_policy=spec.text("imagePullPolicy") or DEFAULT_PULL_POLICY,
+        max_gpus=spec.optional_integer("maxGPUs"),
+        drain_grace_seconds=spec.integer("drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
+        node_selector=spec.mapping("nodeSelector"),
+        tolerations=spec.objects("tolerations"),
+        affinity=spec.mapping("affinity"),
+        priority_class=spec.text("priorityClassName"),
+        autoscaling=_autoscaling(spec.section("autoscaling"), _slots_per_pod(spec)),
+        api_keys=_secret(spec.section("auth"), "apiKeysSecret", "keys.yaml"),
+        pod_token=_secret(spec.section("auth"), "podTokenSecret", "token"),
+        rollout=_rollout(spec.section("rollout")),
+        disruption_budget=_disruption_budget(spec.section("disruptionBudget")),
+        **_resources(spec.section("resources")),
     )
     check(pool)
     return pool
 
 
-def _model(spec: Mapping[str, Any]) -> sources.ModelSource:
-    if spec.get("model") is None:
-        raise InvalidPool("spec.model is required")
-    try:
-        return sources.read(spec["model"])
-    except sources.InvalidModel as exc:
-        raise InvalidPool(str(exc)) from exc
+def _model(spec: specs.Section) -> sources.ModelSource:
+    model = spec.optional_section("model")
+    if model is None:
+        raise spec.error("model", "is required")
+    return sources.read(model)
 
 
-def _template(spec: Mapping[str, Any]) -> templates.PodTemplate:
-    try:
-        return templates.read(spec)
-    except templates.InvalidTemplate as exc:
-        raise InvalidPool(str(exc)) from exc
-
-
-def _dtype(spec: Mapping[str, Any]) -> str:
+def _dtype(spec: specs.Section) -> str:
     value = spec.get("dtype") or DEFAULT_DTYPE
     if value not in dtypes.DTYPES:
-        raise InvalidPool(f"spec.dtype must be one of {', '.join(dtypes.DTYPES)}, got {value!r}")
+        raise spec.error("dtype", f"must be one of {', '.join(dtypes.DTYPES)}, got {value!r}")
     return str(value)
 
 
@@ -226,14 +215,11 @@ RESERVED_MOUNTS = frozenset({KEYS_DIR, sources.MODEL_DIR, sources.CACHE_DIR, "/t
 def check(pool: Pool) -> None:
     """The rules a schema cannot express; each failure says what to change."""
     if len(pool.name) > MAX_NAME_LENGTH:
-        raise InvalidPool(
+        raise specs.InvalidSpec(
             f"metadata.name {pool.name!r} is {len(pool.name)} characters; pools are named at"
             f" most {MAX_NAME_LENGTH} so that their children's names and labels fit"
         )
-    try:
-        templates.check_reserved(pool.template, RESERVED_ENV, RESERVED_VOLUMES, RESERVED_MOUNTS)
-    except templates.InvalidTemplate as exc:
-        raise InvalidPool(str(exc)) from exc
+    templates.check_reserved(pool.template, RESERVED_ENV, RESERVED_VOLUMES, RESERVED_MOUNTS)
     _check_autoscaling(pool)
     _check_gpu_budget(pool, pool.slots, "spec.slots")
     if pool.autoscaling.enabled:
@@ -245,7 +231,7 @@ def check_auth(pool: Pool) -> None:
     client's key and never forwards it. Checked once the operator's own token (if it
     has a seed) is applied (children.with_pod_token)."""
     if pool.api_keys is not None and pool.pod_token is None:
-        raise InvalidPool(
+        raise specs.InvalidSpec(
             "spec.auth.apiKeysSecret needs spec.auth.podTokenSecret (the routers' token),"
             " or an operator with a pod token seed (ASRPOOL_POD_TOKEN_SEED), which gives"
             " each pool its own: the router checks API keys and its streams reach keyed pods"
@@ -259,9 +245,10 @@ def _check_autoscaling(pool: Pool) -> None:
     if not scaling.enabled:
         return
     if scaling.max_slots < 1:
-        raise InvalidPool("spec.autoscaling.maxSlots must be at least 1 when autoscaling is on")
+        raise specs.InvalidSpec("spec.autoscaling.maxSlots must be at least 1 when autoscaling"
+                                " is on")
     if scaling.min_slots > scaling.max_slots:
-        raise InvalidPool(
+        raise specs.InvalidSpec(
             f"spec.autoscaling.minSlots ({scaling.min_slots}) is above maxSlots"
             f" ({scaling.max_slots}); lower minSlots or raise maxSlots (minSlots left out is"
             " one pod's slots, slotsPerPod)"
@@ -275,186 +262,119 @@ def _check_gpu_budget(pool: Pool, slots: int, field: str) -> None:
     if pods * pool.gpus <= pool.max_gpus:
         return
     reachable = (pool.max_gpus // pool.gpus) * pool.slots_per_pod
-    raise InvalidPool(
+    raise specs.InvalidSpec(
         f"{field}={slots} needs {pods} pods x {pool.gpus} GPU = {pods * pool.gpus} GPUs, over"
         f" spec.maxGPUs={pool.max_gpus}; lower {field} to at most {reachable}, raise"
         f" spec.maxGPUs to {pods * pool.gpus}, or raise spec.slotsPerPod"
     )
 
 
-def _slots_per_pod(spec: Mapping[str, Any]) -> int:
-    return _integer(spec, "slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1)
+def _slots_per_pod(spec: specs.Section) -> int:
+    return spec.integer("slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1)
 
 
-def _autoscaling(raw: Mapping[str, Any], slots_per_pod: int) -> Autoscaling:
+def _autoscaling(scaling: specs.Section, slots_per_pod: int) -> Autoscaling:
     """``minSlots`` defaults to one pod's slots: a pool goes to zero only when told to."""
     return Autoscaling(
-        enabled=_flag(raw, "enabled"),
-        min_slots=_integer(raw, "minSlots", slots_per_pod, where="autoscaling."),
-        max_slots=_integer(raw, "maxSlots", 0, where="autoscaling."),
-        target_free_fraction=_number(raw, "targetFreeFraction", 0.25),
-        scale_up_seconds=_number(raw, "scaleUpStabilizationSeconds", 0.0),
-        scale_down_seconds=_number(raw, "scaleDownStabilizationSeconds", 300.0),
-        behavior=_behavior(_section(raw, "behavior", where="autoscaling.")),
+        enabled=scaling.boolean("enabled"),
+        min_slots=scaling.integer("minSlots", slots_per_pod),
+        max_slots=scaling.integer("maxSlots", 0),
+        target_free_fraction=_number(scaling, "targetFreeFraction", 0.25),
+        scale_up_seconds=_number(scaling, "scaleUpStabilizationSeconds", 0.0),
+        scale_down_seconds=_number(scaling, "scaleDownStabilizationSeconds", 300.0),
+        behavior=_behavior(scaling.section("behavior")),
     )
 
 
-def _behavior(raw: Mapping[str, Any]) -> Behavior:
+def _behavior(behavior: specs.Section) -> Behavior:
     return Behavior(
-        scale_up=_rules(raw, "scaleUp", DEFAULT_SCALE_UP),
-        scale_down=_rules(raw, "scaleDown", DEFAULT_SCALE_DOWN),
+        scale_up=_rules(behavior.section("scaleUp"), DEFAULT_SCALE_UP),
+        scale_down=_rules(behavior.section("scaleDown"), DEFAULT_SCALE_DOWN),
     )
 
 
-def _rules(raw: Mapping[str, Any], field: str, default: ScalingRules) -> ScalingRules:
+def _rules(rules: specs.Section, default: ScalingRules) -> ScalingRules:
     """One direction's rules; each part left out keeps the HPA's default."""
-    where = f"autoscaling.behavior.{field}."
-    section = _section(raw, field, where="autoscaling.behavior.")
-    select = _text(section, "selectPolicy", where=where) or default.select
+    select = rules.text("selectPolicy") or default.select
     if select not in ("Max", "Min", "Disabled"):
-        raise InvalidPool(f"spec.{where}selectPolicy must be Max, Min or Disabled, got {select!r}")
-    if "policies" not in section:
+        raise rules.error("selectPolicy", f"must be Max, Min or Disabled, got {select!r}")
+    if "policies" not in rules:
         return ScalingRules(select, default.policies)
-    return ScalingRules(select, tuple(_policy(item, f"{where}policies[{i}].")
-                                      for i, item in enumerate(_list(section, "policies"))))
+    return ScalingRules(select, tuple(_policy(item) for item in rules.sections("policies")))
 
 
-def _policy(raw: Mapping[str, Any], where: str) -> ScalingPolicy:
-    kind = _text(raw, "type", required=True, where=where)
+def _policy(policy: specs.Section) -> ScalingPolicy:
+    kind = policy.text("type", required=True)
     if kind not in ("Pods", "Percent"):
-        raise InvalidPool(f"spec.{where}type must be Pods or Percent, got {kind!r}")
-    return ScalingPolicy(kind, _integer(raw, "value", required=True, minimum=1, where=where),
-                         float(_integer(raw, "periodSeconds", required=True, minimum=1,
-                                        where=where)))
+        raise policy.error("type", f"must be Pods or Percent, got {kind!r}")
+    return ScalingPolicy(kind, policy.integer("value", required=True, minimum=1),
+                         float(policy.integer("periodSeconds", required=True, minimum=1)))
 
 
-def _resources(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _resources(resources: specs.Section) -> dict[str, Any]:
     return {
-        "gpus": _integer(raw, "gpus", 1, where="resources."),
-        "gpu_resource": _text(raw, "gpuResourceName", where="resources.") or DEFAULT_GPU_RESOURCE,
-        "cpu": _quantity(raw, "cpu"),
-        "memory": _quantity(raw, "memory"),
+        "gpus": resources.integer("gpus", 1),
+        "gpu_resource": resources.text("gpuResourceName") or DEFAULT_GPU_RESOURCE,
+        "cpu": _quantity(resources, "cpu"),
+        "memory": _quantity(resources, "memory"),
     }
 
 
-def _secret(raw: Mapping[str, Any], field: str, default_key: str) -> SecretKey | None:
-    if raw.get(field) is None:
+def _secret(auth: specs.Section, field: str, default_key: str) -> SecretKey | None:
+    if auth.get(field) is None:
         return None
-    ref = _section(raw, field, where="auth.")
-    name = _text(ref, "name", required=True, where=f"auth.{field}.")
-    return SecretKey(name=name, key=_text(ref, "key", where=f"auth.{field}.") or default_key)
+    ref = auth.section(field)
+    return SecretKey(name=ref.text("name", required=True), key=ref.text("key") or default_key)
 
 
-def _section(raw: Mapping[str, Any], field: str, *, where: str = "") -> Mapping[str, Any]:
-    value = raw.get(field) or {}
-    if not isinstance(value, Mapping):
-        raise InvalidPool(f"spec.{where}{field} must be an object, got {type(value).__name__}")
-    return value
-
-
-def _integer(
-    raw: Mapping[str, Any],
-    field: str,
-    default: int = 0,
-    *,
-    required: bool = False,
-    minimum: int = 0,
-    where: str = "",
-) -> int:
-    if field not in raw:
-        if required:
-            raise InvalidPool(f"spec.{where}{field} is required")
-        return default
-    value = raw[field]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidPool(f"spec.{where}{field} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidPool(f"spec.{where}{field} must be at least {minimum}, got {value}")
-    return value
-
-
-def _optional_integer(raw: Mapping[str, Any], field: str) -> int | None:
-    return _integer(raw, field) if raw.get(field) is not None else None
-
-
-def _number(raw: Mapping[str, Any], field: str, default: float) -> float:
-    value = raw.get(field, default)
+def _number(section: specs.Section, field: str, default: float) -> float:
+    value = section.get(field, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidPool(f"spec.autoscaling.{field} must be a non-negative number, got {value!r}")
+        raise section.error(field, f"must be a non-negative number, got {value!r}")
     return float(value)
 
 
-def _flag(raw: Mapping[str, Any], field: str) -> bool:
-    value = raw.get(field, False)
-    if not isinstance(value, bool):
-        raise InvalidPool(f"spec.autoscaling.{field} must be true or false, got {value!r}")
-    return value
-
-
-def _text(raw: Mapping[str, Any], field: str, *, required: bool = False, where: str = "") -> str:
-    value = raw.get(field)
-    if value is None or value == "":
-        if required:
-            raise InvalidPool(f"spec.{where}{field} is required")
-        return ""
-    if not isinstance(value, str):
-        raise InvalidPool(f"spec.{where}{field} must be a string, got {value!r}")
-    return value
-
-
-def _quantity(raw: Mapping[str, Any], field: str) -> str:
-    value = raw.get(field)
+def _quantity(resources: specs.Section, field: str) -> str:
+    value = resources.get(field)
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidPool(f"spec.resources.{field} must be a quantity like '4' or '16Gi'")
+        raise resources.error(field, "must be a quantity like '4' or '16Gi'")
     return str(value)
 
 
-def _mapping(raw: Mapping[str, Any], field: str) -> Mapping[str, Any]:
-    return dict(_section(raw, field))
-
-
-def _list(raw: Mapping[str, Any], field: str) -> list[Mapping[str, Any]]:
-    value = raw.get(field) or []
-    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-        raise InvalidPool(f"spec.{field} must be a list of objects")
-    return value
-
-
-def _rollout(raw: Mapping[str, Any]) -> Rollout:
+def _rollout(section: specs.Section) -> Rollout:
     rollout = Rollout(
-        max_surge=_int_or_percent(raw, "maxSurge", 1, where="rollout."),
-        max_unavailable=_int_or_percent(raw, "maxUnavailable", 0, where="rollout."),
+        max_surge=_int_or_percent(section, "maxSurge", 1),
+        max_unavailable=_int_or_percent(section, "maxUnavailable", 0),
     )
     if _is_zero(rollout.max_surge) and _is_zero(rollout.max_unavailable):
-        raise InvalidPool("spec.rollout.maxSurge and maxUnavailable are both 0: a rollout could"
-                          " never move; raise one of them (maxSurge 1 needs one spare GPU)")
+        raise section.error("maxSurge", "and maxUnavailable are both 0: a rollout could never"
+                                        " move; raise one of them (maxSurge 1 needs one spare"
+                                        " GPU)")
     return rollout
 
 
-def _disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
-    if "maxUnavailable" in raw and "minAvailable" in raw:
-        raise InvalidPool("spec.disruptionBudget takes maxUnavailable or minAvailable, not both")
-    if "minAvailable" in raw:
-        minimum = _int_or_percent(raw, "minAvailable", 0, where="disruptionBudget.")
+def _disruption_budget(budget: specs.Section) -> DisruptionBudget:
+    if "maxUnavailable" in budget and "minAvailable" in budget:
+        raise budget.invalid("takes maxUnavailable or minAvailable, not both")
+    if "minAvailable" in budget:
+        minimum = _int_or_percent(budget, "minAvailable", 0)
         return DisruptionBudget(max_unavailable=None, min_available=minimum)
-    return DisruptionBudget(
-        max_unavailable=_int_or_percent(raw, "maxUnavailable", 1, where="disruptionBudget."))
+    return DisruptionBudget(max_unavailable=_int_or_percent(budget, "maxUnavailable", 1))
 
 
 _PERCENT = re.compile(r"(100|[1-9]?[0-9])%")
 
 
-def _int_or_percent(raw: Mapping[str, Any], field: str, default: IntOrPercent, *,
-                    where: str) -> IntOrPercent:
-    value = raw.get(field, default)
+def _int_or_percent(section: specs.Section, field: str, default: IntOrPercent) -> IntOrPercent:
+    value = section.get(field, default)
     if isinstance(value, str) and _PERCENT.fullmatch(value):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    raise InvalidPool(f"spec.{where}{field} must be a whole number of pods or a percentage"
-                      f" like '25%', got {value!r}")
+    raise section.error(field, "must be a whole number of pods or a percentage like '25%',"
+                               f" got {value!r}")
 
 
 def _is_zero(value: IntOrPercent) -> bool:

@@ -24,6 +24,7 @@ from asrpool.operator import (
     naming,
     pools,
     settings,
+    specs,
     statuses,
     usage,
 )
@@ -59,7 +60,7 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     try:
         pool = children.with_pod_token(pools.from_body(body), context.config)
         pools.check_auth(pool)
-    except pools.InvalidPool as exc:
+    except specs.InvalidSpec as exc:
         return await _observe_invalid(context, body, str(exc))
     built = children.build_all(pool, context.config)
     kopf.adopt(built, owner=body)

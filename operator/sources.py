@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from asrpool.common import weights
+from asrpool.operator import specs
 
 MODEL_DIR = "/var/lib/asrpool/model"  # a volume's checkpoint directory, in the server
 CACHE_DIR = "/var/cache/asrpool"  # a repo's cache, in the init container and the server
@@ -33,10 +33,6 @@ DEFAULT_LOAD_TIMEOUT_SECONDS = 600
 STARTUP_PROBE_PERIOD = 5
 DEFAULT_TOKEN_KEY = "token"
 Child = dict[str, Any]
-
-
-class InvalidModel(ValueError):
-    """``spec.model`` cannot be served as written; the message names the field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,31 +82,31 @@ class ModelSource:
 
 # Reading spec.model.
 
-def read(raw: Any) -> ModelSource:
-    if not isinstance(raw, Mapping):
-        raise InvalidModel(f"spec.model must be an object, got {type(raw).__name__}")
-    has_name, has_volume = bool(raw.get("name")), raw.get("volume") is not None
+def read(model: specs.Section) -> ModelSource:
+    """``spec.model``, read and checked; :class:`~asrpool.operator.specs.InvalidSpec` names
+    what to fix."""
+    has_name, has_volume = bool(model.get("name")), model.get("volume") is not None
     if has_name == has_volume:
-        raise InvalidModel("spec.model needs exactly one of name (a preset, a Hugging Face repo"
-                           " id or a path in the image) and volume (a checkpoint directory)")
+        raise model.invalid("needs exactly one of name (a preset, a Hugging Face repo id or a"
+                            " path in the image) and volume (a checkpoint directory)")
     source = ModelSource(
-        name=_text(raw, "name"), revision=_text(raw, "revision"),
-        token=_token(raw.get("tokenSecret")),
-        volume=_volume(raw["volume"]) if has_volume else None,
-        cache=_cache(raw.get("cache") or {}),
-        load_timeout_seconds=_seconds(raw, "loadTimeoutSeconds", DEFAULT_LOAD_TIMEOUT_SECONDS))
-    _check(source, raw)
+        name=model.text("name"), revision=model.text("revision"),
+        token=_token(model.optional_section("tokenSecret", got=False)),
+        volume=_volume(model.optional_section("volume", got=False)),
+        cache=_cache(model.section("cache", got=False)),
+        load_timeout_seconds=_seconds(model, "loadTimeoutSeconds", DEFAULT_LOAD_TIMEOUT_SECONDS))
+    _check(source, model)
     return source
 
 
-def _check(source: ModelSource, raw: Mapping[str, Any]) -> None:
+def _check(source: ModelSource, model: specs.Section) -> None:
     if source.kind is None:
-        raise InvalidModel(f"spec.model.name {source.name!r} is none of {weights.describe_kinds()}")
+        raise model.error("name", f"{source.name!r} is none of {weights.describe_kinds()}")
     if not source.fetched:
-        extras = [field for field in ("tokenSecret", "cache") if raw.get(field) is not None]
+        extras = [field for field in ("tokenSecret", "cache") if model.get(field) is not None]
         if extras:
-            raise InvalidModel(f"spec.model.{extras[0]} applies to a Hugging Face repo only;"
-                               f" {_described(source)} is not fetched")
+            raise model.error(extras[0], "applies to a Hugging Face repo only;"
+                                         f" {_described(source)} is not fetched")
 
 
 def _described(source: ModelSource) -> str:
@@ -119,64 +115,43 @@ def _described(source: ModelSource) -> str:
     return f"{source.name!r} ({source.kind.value if source.kind else 'unknown'})"
 
 
-def _token(raw: Any) -> Token | None:
-    if raw is None:
+def _token(ref: specs.Section | None) -> Token | None:
+    if ref is None:
         return None
-    ref = _object(raw, "tokenSecret")
-    return Token(_text(ref, "name", "tokenSecret.", required=True),
-                 _text(ref, "key", "tokenSecret.") or DEFAULT_TOKEN_KEY)
+    return Token(ref.text("name", required=True), ref.text("key") or DEFAULT_TOKEN_KEY)
 
 
-def _volume(raw: Any) -> Volume:
-    ref = _object(raw, "volume")
-    volume = Volume(_text(ref, "claimName", "volume."), _text(ref, "hostPath", "volume."),
-                    _text(ref, "subPath", "volume."))
+def _volume(ref: specs.Section | None) -> Volume | None:
+    if ref is None:
+        return None
+    volume = Volume(ref.text("claimName"), ref.text("hostPath"), ref.text("subPath"))
     if bool(volume.claim_name) == bool(volume.host_path):
-        raise InvalidModel("spec.model.volume needs exactly one of claimName (a PVC) and"
-                           " hostPath (a folder on each node)")
+        raise ref.invalid("needs exactly one of claimName (a PVC) and hostPath (a folder on"
+                          " each node)")
     if volume.host_path and not volume.host_path.startswith("/"):
-        raise InvalidModel(f"spec.model.volume.hostPath must be absolute, got {volume.host_path!r}")
+        raise ref.error("hostPath", f"must be absolute, got {volume.host_path!r}")
     if volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/"):
-        raise InvalidModel("spec.model.volume.subPath must be relative, without '..'")
+        raise ref.error("subPath", "must be relative, without '..'")
     return volume
 
 
-def _cache(raw: Any) -> Cache:
-    ref = _object(raw, "cache")
-    cache = Cache(kind=_text(ref, "type", "cache.") or "emptyDir",
+def _cache(ref: specs.Section) -> Cache:
+    cache = Cache(kind=ref.text("type") or "emptyDir",
                   size_limit=str(ref.get("sizeLimit") or DEFAULT_CACHE_SIZE),
-                  path=_text(ref, "path", "cache.") or DEFAULT_CACHE_PATH,
-                  claim_name=_text(ref, "claimName", "cache."))
+                  path=ref.text("path") or DEFAULT_CACHE_PATH,
+                  claim_name=ref.text("claimName"))
     if cache.kind not in CACHE_KINDS:
-        raise InvalidModel(f"spec.model.cache.type must be one of {', '.join(CACHE_KINDS)},"
-                           f" got {cache.kind!r}")
+        raise ref.error("type", f"must be one of {', '.join(CACHE_KINDS)}, got {cache.kind!r}")
     if cache.kind == "persistentVolumeClaim" and not cache.claim_name:
-        raise InvalidModel("spec.model.cache.claimName is required for a persistentVolumeClaim"
-                           " cache (a ReadWriteMany claim every pod of the pool mounts)")
+        raise ref.error("claimName", "is required for a persistentVolumeClaim cache (a"
+                                     " ReadWriteMany claim every pod of the pool mounts)")
     return cache
 
 
-def _object(raw: Any, field: str) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise InvalidModel(f"spec.model.{field} must be an object")
-    return raw
-
-
-def _text(raw: Mapping[str, Any], field: str, where: str = "", *, required: bool = False) -> str:
-    value = raw.get(field)
-    if value is None or value == "":
-        if required:
-            raise InvalidModel(f"spec.model.{where}{field} is required")
-        return ""
-    if not isinstance(value, str):
-        raise InvalidModel(f"spec.model.{where}{field} must be a string, got {value!r}")
-    return value
-
-
-def _seconds(raw: Mapping[str, Any], field: str, default: int) -> int:
-    value = raw.get(field, default)
+def _seconds(model: specs.Section, field: str, default: int) -> int:
+    value = model.get(field, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidModel(f"spec.model.{field} must be a positive integer, got {value!r}")
+        raise model.error(field, f"must be a positive integer, got {value!r}")
     return value
 
 

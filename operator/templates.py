@@ -19,11 +19,9 @@ import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from asrpool.operator import specs
+
 Child = dict[str, Any]
-
-
-class InvalidTemplate(ValueError):
-    """A pass-through field cannot be used as written; the message names it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,19 +39,18 @@ class PodTemplate:
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-def read(spec: Mapping[str, Any]) -> PodTemplate:
-    automount = spec.get("automountServiceAccountToken", False)
-    if not isinstance(automount, bool):
-        raise InvalidTemplate("spec.automountServiceAccountToken must be true or false")
-    metadata = _object(spec, "podMetadata")
+def read(spec: specs.Section) -> PodTemplate:
+    """The pass-through fields of ``spec``, read and checked."""
+    automount = spec.boolean("automountServiceAccountToken", got=False)
+    metadata = spec.section("podMetadata", got=False)
     return PodTemplate(
-        env=_named(spec, "env"), env_from=_objects(spec, "envFrom"),
+        env=_named(spec, "env"), env_from=spec.objects("envFrom"),
         volumes=_named(spec, "volumes"), volume_mounts=_named(spec, "volumeMounts"),
         image_pull_secrets=_named(spec, "imagePullSecrets"),
-        service_account=_text(spec, "serviceAccountName"), automount_token=automount,
-        runtime_class=_text(spec, "runtimeClassName"),
-        topology_spread=_objects(spec, "topologySpreadConstraints"),
-        labels=_strings(metadata, "labels"), annotations=_strings(metadata, "annotations"))
+        service_account=spec.text("serviceAccountName", got=False), automount_token=automount,
+        runtime_class=spec.text("runtimeClassName", got=False),
+        topology_spread=spec.objects("topologySpreadConstraints"),
+        labels=metadata.strings("labels"), annotations=metadata.strings("annotations"))
 
 
 def check_reserved(template: PodTemplate, env_names: Iterable[str],
@@ -65,8 +62,8 @@ def check_reserved(template: PodTemplate, env_names: Iterable[str],
     known = {v["name"] for v in template.volumes} | set(volume_names)
     unknown = [m["name"] for m in template.volume_mounts if m["name"] not in known]
     if unknown:
-        raise InvalidTemplate(f"spec.volumeMounts names volume {unknown[0]!r}, which is not in"
-                              " spec.volumes")
+        raise specs.InvalidSpec(f"spec.volumeMounts names volume {unknown[0]!r}, which is not in"
+                                " spec.volumes")
 
 
 def _refuse_mounts(given: list[str], reserved: Iterable[str]) -> None:
@@ -75,11 +72,11 @@ def _refuse_mounts(given: list[str], reserved: Iterable[str]) -> None:
     own = [normal_path(path) for path in reserved]
     for path in given:
         if not path.startswith("/"):
-            raise InvalidTemplate(f"spec.volumeMounts: mount path {path!r} must be absolute")
+            raise specs.InvalidSpec(f"spec.volumeMounts: mount path {path!r} must be absolute")
         normal = normal_path(path)
         taken = [p for p in own if normal == p or normal.startswith(p + "/")]
         if taken:
-            raise InvalidTemplate(
+            raise specs.InvalidSpec(
                 f"spec.volumeMounts: mount path {path!r} is {normal!r}, at or under {taken[0]!r}"
                 " which the operator mounts; use another path")
 
@@ -92,8 +89,8 @@ def normal_path(path: str) -> str:
 def _refuse(field: str, what: str, given: list[str], reserved: Iterable[str]) -> None:
     taken = sorted(set(given) & set(reserved))
     if taken:
-        raise InvalidTemplate(f"{field}: {what} {taken[0]!r} is set by the operator; remove it"
-                              " (or use another name)")
+        raise specs.InvalidSpec(f"{field}: {what} {taken[0]!r} is set by the operator; remove it"
+                                " (or use another name)")
 
 
 def pod_fields(template: PodTemplate) -> Child:
@@ -130,41 +127,13 @@ def add_to_container(container: Child, template: PodTemplate) -> Child:
     return result
 
 
-def _named(spec: Mapping[str, Any], field: str) -> tuple[Child, ...]:
-    items = _objects(spec, field)
-    for index, item in enumerate(items):
-        if not isinstance(item.get("name"), str) or not item["name"]:
-            raise InvalidTemplate(f"spec.{field}[{index}] needs a name")
-    names = [item["name"] for item in items]
+def _named(spec: specs.Section, field: str) -> tuple[Child, ...]:
+    items = spec.sections(field)
+    for item in items:
+        if not isinstance(item.get("name"), str) or not item.get("name"):
+            raise item.invalid("needs a name")
+    names = [item.get("name") for item in items]
     doubled = sorted({name for name in names if names.count(name) > 1})
     if doubled and field != "volumeMounts":
-        raise InvalidTemplate(f"spec.{field} names {doubled[0]!r} twice")
-    return items
-
-
-def _objects(spec: Mapping[str, Any], field: str) -> tuple[Child, ...]:
-    value = spec.get(field) or []
-    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-        raise InvalidTemplate(f"spec.{field} must be a list of objects")
-    return tuple(dict(item) for item in value)
-
-
-def _object(spec: Mapping[str, Any], field: str) -> Mapping[str, Any]:
-    value = spec.get(field) or {}
-    if not isinstance(value, Mapping):
-        raise InvalidTemplate(f"spec.{field} must be an object")
-    return value
-
-
-def _strings(raw: Mapping[str, Any], field: str) -> dict[str, str]:
-    value = raw.get(field) or {}
-    if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-        raise InvalidTemplate(f"spec.podMetadata.{field} must map names to strings")
-    return dict(value)
-
-
-def _text(spec: Mapping[str, Any], field: str) -> str:
-    value = spec.get(field) or ""
-    if not isinstance(value, str):
-        raise InvalidTemplate(f"spec.{field} must be a string")
-    return value
+        raise spec.error(field, f"names {doubled[0]!r} twice")
+    return tuple(dict(item.raw) for item in items)

@@ -13,7 +13,7 @@ import time
 import typing
 from pathlib import Path
 
-from asrpool.operator import autoscaling, pools
+from asrpool.operator import autoscaling, pools, specs
 from asrpool.plan import capacities, reports, scenarios, simulating
 
 Traffic = typing.Union[scenarios.Traffic, scenarios.Trace]  # noqa: UP007 (an alias at runtime)
@@ -105,7 +105,7 @@ def _pool(args: argparse.Namespace, per_pod: int) -> pools.Pool:
         "resources": {"gpus": args.gpus_per_pod}, "autoscaling": scaling}}
     try:
         return pools.from_body(body)
-    except pools.InvalidPool as exc:
+    except specs.InvalidSpec as exc:
         raise scenarios.PlanError(str(exc)) from exc
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from asrpool.common import seeds
-from asrpool.operator import children, naming, pools, settings
+from asrpool.operator import children, naming, pools, settings, specs
 from tests.operator import schemas
 
 CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0")
@@ -314,7 +314,7 @@ def test_without_a_seed_a_pool_has_the_token_its_spec_names_or_none() -> None:
 def test_with_a_seed_a_pool_naming_its_own_token_is_invalid() -> None:
     """The routers would send the pool's derived token, never the named one."""
     own = pool(auth={"podTokenSecret": {"name": "mine", "key": "k"}})
-    with pytest.raises(pools.InvalidPool, match="leave podTokenSecret out"):
+    with pytest.raises(specs.InvalidSpec, match="leave podTokenSecret out"):
         children.with_pod_token(own, SEEDED)
 
 

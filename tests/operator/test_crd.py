@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asrpool.operator import naming, pools, sources
+from asrpool.operator import naming, pools, sources, specs
 from tests.operator import schemas
 
 
@@ -100,7 +100,7 @@ def test_a_bad_pool_is_rejected_where_it_is_wrong(path: Path) -> None:
         # jsonschema cannot run CEL: the operator checks the same rule (and tests/cluster
         # holds the API server to it).
         document = _load(path)
-        with pytest.raises(pools.InvalidPool):
+        with pytest.raises(specs.InvalidSpec):
             pools.from_body({**document, "metadata": {"namespace": "default",
                                                       **document["metadata"]}})
         return

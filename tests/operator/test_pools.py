@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from asrpool.operator import children, pools, settings
+from asrpool.operator import children, pools, settings, specs
 
 
 def body(**spec: Any) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def test_auth_secrets_get_their_default_keys() -> None:
 def _rejects(spec: dict[str, Any], *needles: str, name: str = "stt") -> None:
     raw = body(**spec)
     raw["metadata"]["name"] = name
-    with pytest.raises(pools.InvalidPool) as info:
+    with pytest.raises(specs.InvalidSpec) as info:
         pools.from_body(raw)
     for needle in needles:
         assert needle in str(info.value), str(info.value)
@@ -75,7 +75,7 @@ def test_autoscaling_needs_a_ceiling() -> None:
 
 def test_api_keys_need_the_routers_pod_token() -> None:
     keyed = pools.from_body(body(auth={"apiKeysSecret": {"name": "keys"}}))
-    with pytest.raises(pools.InvalidPool, match=r"apiKeysSecret needs spec\.auth\.podTokenSecret"):
+    with pytest.raises(specs.InvalidSpec, match=r"apiKeysSecret needs spec\.auth\.podTokenSecret"):
         pools.check_auth(keyed)
     seeded = children.with_pod_token(keyed, settings.OperatorSettings(
         namespaces=["x"], pod_token_seed="seed"))
@@ -103,7 +103,7 @@ def test_bad_types_are_caught_even_without_a_schema(spec: dict[str, Any], needle
 def test_missing_slots_is_caught() -> None:
     raw = body()
     del raw["spec"]["slots"]
-    with pytest.raises(pools.InvalidPool, match=r"spec\.slots is required"):
+    with pytest.raises(specs.InvalidSpec, match=r"spec\.slots is required"):
         pools.from_body(raw)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from asrpool.common import weights
 from asrpool.localcluster import podspecs
-from asrpool.operator import children, naming, pools, settings, sources
+from asrpool.operator import children, naming, pools, settings, sources, specs
 from asrpool.server import settings as server_settings
 from tests.support.environs import Environ
 
@@ -160,7 +160,7 @@ def test_the_startup_budget_is_the_model_load_timeout() -> None:
 ])
 def test_a_model_reference_the_operator_cannot_serve_is_refused(model: dict[str, Any],
                                                                 needle: str) -> None:
-    with pytest.raises(pools.InvalidPool) as info:
+    with pytest.raises(specs.InvalidSpec) as info:
         pool(model)
     assert needle in str(info.value)
 
@@ -176,7 +176,7 @@ def test_every_reference_kind_is_classified() -> None:
 def test_the_dtype_travels_to_the_pods_and_defaults_to_auto() -> None:
     assert data({"name": "tiny"})["ASRPOOL_DTYPE"] == "auto"
     assert data({"name": "tiny"}, dtype="float32")["ASRPOOL_DTYPE"] == "float32"
-    with pytest.raises(pools.InvalidPool, match=r"spec\.dtype must be one of"):
+    with pytest.raises(specs.InvalidSpec, match=r"spec\.dtype must be one of"):
         pool({"name": "tiny"}, dtype="int8")
 
 
@@ -269,7 +269,7 @@ def test_server_pods_mount_no_service_account_token_unless_asked() -> None:
 def test_a_pass_through_that_would_replace_the_operators_own_is_refused(
     spec: dict[str, Any], needle: str
 ) -> None:
-    with pytest.raises(pools.InvalidPool) as info:
+    with pytest.raises(specs.InvalidSpec) as info:
         pool({"name": "kyutai/stt-1b-en_fr"}, **spec)
     assert needle in str(info.value)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from asrpool.operator import children, pools, settings
+from asrpool.operator import children, pools, settings, specs
 
 DROP = object()  # a field of the minimal spec left out
 MINIMAL: dict[str, Any] = {"model": {"name": "kyutai/stt-1b-en_fr"}, "slots": 16}
@@ -41,7 +41,7 @@ def read(fields: dict[str, Any] | None, *, name: str = "stt",
 
 
 def refusal(fields: dict[str, Any] | None, **options: Any) -> str:
-    with pytest.raises(pools.InvalidPool) as info:
+    with pytest.raises(specs.InvalidSpec) as info:
         read(fields, **options)
     return str(info.value)
 
@@ -226,9 +226,9 @@ REFUSED: list[tuple[str, dict[str, Any] | None, str]] = [
     ("select-policy-integer", {"autoscaling": {"behavior": {"scaleDown": {"selectPolicy": 5}}}},
      "spec.autoscaling.behavior.scaleDown.selectPolicy must be a string, got 5"),
     ("policies-string", {"autoscaling": {"behavior": {"scaleUp": {"policies": "x"}}}},
-     "spec.policies must be a list of objects"),
+     "spec.autoscaling.behavior.scaleUp.policies must be a list of objects"),
     ("policies-of-strings", policies("scaleDown", "x"),
-     "spec.policies must be a list of objects"),
+     "spec.autoscaling.behavior.scaleDown.policies must be a list of objects"),
     ("policy-without-type", policies("scaleDown", {"value": 1, "periodSeconds": 15}),
      "spec.autoscaling.behavior.scaleDown.policies[0].type is required"),
     ("policy-type-integer", policies("scaleDown", {"type": 5, "value": 1, "periodSeconds": 15}),
@@ -334,6 +334,10 @@ REFUSED: list[tuple[str, dict[str, Any] | None, str]] = [
      "spec.serviceAccountName must be a string"),
     ("runtime-class-list", {"runtimeClassName": ["x"]},
      "spec.runtimeClassName must be a string"),
+    ("service-account-zero", {"serviceAccountName": 0},
+     "spec.serviceAccountName must be a string"),
+    ("runtime-class-false", {"runtimeClassName": False},
+     "spec.runtimeClassName must be a string"),
     ("topology-spread-string", {"topologySpreadConstraints": "x"},
      "spec.topologySpreadConstraints must be a list of objects"),
     ("env-reserved", {"env": [{"name": "ASRPOOL_POOL", "value": "other"}]},
@@ -422,11 +426,31 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("ok-policies-null", {"autoscaling": {"behavior": {"scaleUp": {"policies": None}}}}),
     ("ok-mounts-twice", {"volumes": [X], "volumeMounts": [{"name": "x", "mountPath": "/a"},
                                                           {"name": "x", "mountPath": "/b"}]}),
-    ("ok-service-account-zero", {"serviceAccountName": 0}),
-    ("ok-runtime-class-false", {"runtimeClassName": False}),
 ]
 
 
 @pytest.mark.parametrize("fields", [pytest.param(fields, id=name) for name, fields in ACCEPTED])
 def test_values_that_read_as_absent_are_accepted(fields: dict[str, Any]) -> None:
     read(fields)
+
+
+# The readers themselves: a nested section knows its path.
+
+def test_a_nested_section_names_the_full_path() -> None:
+    spec = specs.Section("spec", {"model": {"cache": {"claimName": 5}}})
+    cache = spec.section("model").section("cache")
+    assert cache.path == "spec.model.cache"
+    with pytest.raises(specs.InvalidSpec, match=r"^spec\.model\.cache\.claimName must be a string,"
+                                                r" got 5$"):
+        cache.text("claimName")
+
+
+def test_list_items_are_read_at_their_index() -> None:
+    items = specs.Section("spec", {"env": [{"name": "A"}, {}]}).sections("env")
+    assert [item.path for item in items] == ["spec.env[0]", "spec.env[1]"]
+    assert str(items[1].error("name", "is required")) == "spec.env[1].name is required"
+
+
+def test_the_error_is_a_value_error() -> None:
+    """Callers outside the operator (``asrpool plan``) may catch it as one."""
+    assert issubclass(specs.InvalidSpec, ValueError)
