@@ -1,5 +1,6 @@
 """``processes.free_port``: a port nothing listens on, outside the kernel's ephemeral
-range (where outgoing connections take their source ports) when there is room."""
+range (where outgoing connections take their source ports) when there is room; and
+``processes.port_answers``: whether a server listens on a port now."""
 
 from __future__ import annotations
 
@@ -25,3 +26,13 @@ def test_a_port_in_use_is_not_handed_out() -> None:
         taken = held.getsockname()[1]
         assert not processes.port_is_free(taken)
         assert all(processes.free_port() != taken for _ in range(200))
+
+
+def test_a_port_answers_while_something_listens_on_it() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind((processes.LOOPBACK, processes.free_port()))
+        port = held.getsockname()[1]
+        assert not processes.port_answers(port)  # bound, not listening
+        held.listen()
+        assert processes.port_answers(port)
+    assert not processes.port_answers(port)

@@ -34,6 +34,24 @@ async def test_a_redis_that_stops_answering_fails_the_call_within_its_timeout(
     await client.aclose()
 
 
+def test_the_client_without_an_event_loop_has_the_same_deadline(
+    redis_server: redis_servers.RedisServer,
+) -> None:
+    client = redis_clients.connect_sync(redis_server.url, 0.5)
+    assert client.ping()
+    assert redis_server.process is not None
+    redis_server.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            client.get("anything")
+        assert time.monotonic() - started < 5.0
+    finally:
+        redis_server.process.send_signal(signal.SIGCONT)
+    assert client.ping()
+    client.close()
+
+
 @pytest.fixture
 def locked_redis(tmp_path: Path) -> Iterator[redis_servers.RedisServer]:
     server = redis_servers.RedisServer(tmp_path, password="s3cret-Pass")
@@ -52,6 +70,20 @@ async def test_the_password_opens_a_locked_redis_and_its_absence_is_refused(
     with pytest.raises(redis.exceptions.AuthenticationError):
         await anonymous.ping()
     await anonymous.aclose()
+
+
+def test_the_client_without_an_event_loop_takes_the_password_and_decodes_when_asked(
+    locked_redis: redis_servers.RedisServer,
+) -> None:
+    client = redis_clients.connect_sync(locked_redis.url, 0.5, password="s3cret-Pass",
+                                        decode_responses=True)
+    client.set("key", "value")
+    assert client.get("key") == "value"
+    client.close()
+    anonymous = redis_clients.connect_sync(locked_redis.url, 0.5)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
 
 
 def test_the_password_file_is_read_stripped_and_its_errors_say_which_file(

@@ -61,6 +61,15 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
         return True
 
 
+def port_answers(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection on the port now (a server is up)."""
+    try:
+        with socket.create_connection((host, port), timeout):
+            return True
+    except OSError:
+        return False
+
+
 @dataclasses.dataclass
 class Child:
     """A started program: its process (leader of its own session) and its log file."""
@@ -160,7 +169,9 @@ def redis_server_argv(port: int, workdir: Path, host: str = LOOPBACK,
 def redis_answers(url: str, password: str | None = None) -> bool:
     import redis
 
-    client = redis.Redis.from_url(url, password=password, socket_timeout=1)
+    from asrpool.common import redis_clients
+
+    client = redis_clients.connect_sync(url, 1.0, password=password)
     try:
         return bool(client.ping())
     except redis.ConnectionError:

@@ -68,6 +68,16 @@ def connect(url: str, timeout_seconds: float, *, password: str | None = None,
         driver_info=driver_info.DriverInfo(lib_version=redis.__version__))
 
 
+def connect_sync(url: str, timeout_seconds: float, *, password: str | None = None,
+                 decode_responses: bool = False) -> redis.Redis:
+    """:func:`connect` for code without an event loop: the same deadlines and retry."""
+    return redis.Redis.from_url(
+        url, password=password, decode_responses=decode_responses,
+        socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
+        retry=retry.Retry(backoff.NoBackoff(), 1),
+        driver_info=driver_info.DriverInfo(lib_version=redis.__version__))
+
+
 def has_password(url: str) -> bool:
     """Whether a ``redis://`` URL carries a password (``redis://user:pw@host``)."""
     return urllib.parse.urlsplit(url).password is not None
