@@ -56,13 +56,12 @@ from typing import Any
 
 import msgpack
 import numpy as np
-import redis
 import websockets
 from websockets.asyncio import client as ws_client
 
 from asrpool.bench import attacks, stats
 from asrpool.client import local
-from asrpool.common import processes, protocol
+from asrpool.common import processes, protocol, redis_clients
 from asrpool.router import frames, keys
 
 FRAME_S = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
@@ -535,8 +534,8 @@ def wait_used(pod: Target, most: int, timeout: float = 40.0) -> None:
 
 
 def leaks(plat: local.LocalPlatform, pod: Target, timeout: float = 40.0) -> dict[str, int]:
-    client = redis.Redis.from_url(plat.redis_url, password=plat.redis_password,
-                                  decode_responses=True)
+    client = redis_clients.connect_sync(plat.redis_url, local.REDIS_TIMEOUT_SECONDS,
+                                        password=plat.redis_password, decode_responses=True)
     deadline = time.monotonic() + timeout
     while True:
         used = used_slots(pod)

@@ -27,10 +27,12 @@ from types import FrameType
 
 import redis.asyncio as aioredis
 
-from asrpool.common import processes, registry
+from asrpool.common import processes, redis_clients, registry
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT = 15.0
+# The longest wait for one call to the platform's Redis: a loaded machine's, not a hang.
+REDIS_TIMEOUT_SECONDS = 5.0
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 
 
@@ -112,7 +114,8 @@ class LocalPlatform:
             await client.aclose()
 
     def redis_client(self) -> aioredis.Redis:
-        return aioredis.Redis.from_url(self.redis_url, password=self.redis_password)
+        return redis_clients.connect(self.redis_url, REDIS_TIMEOUT_SECONDS,
+                                     password=self.redis_password)
 
     async def snapshot(self) -> list[registry.PodHeartbeat]:
         client = self.redis_client()
