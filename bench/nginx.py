@@ -37,8 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from asrpool.bench import router as router_bench
 from asrpool.bench import stats, wsload
 from asrpool.common import processes, protocol, registry
@@ -71,6 +69,7 @@ http {{
 
 PROXIES = ("nginx", "router", "floor")
 MODES = ("direct", *PROXIES)
+STOP_TIMEOUT = 10.0  # each of the stack's processes, from SIGTERM to SIGKILL
 
 
 class BenchError(RuntimeError):
@@ -102,31 +101,12 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_port(port: int, child: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    import socket
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise BenchError(f"{what} exited: {log.read_text(errors='replace')[-2000:]}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise BenchError(f"{what} did not listen on {port} within 30 s")
-
-
 class Stack:
     """Redis, the backend, nginx and the router, started once for the whole run."""
 
     def __init__(self, workdir: Path, router_args: list[str]) -> None:
         self.workdir, self.router_args = workdir, router_args
-        self.children: list[subprocess.Popen[bytes]] = []
+        self.children: list[processes.Child] = []
         self.ports = {name: processes.free_port()
                       for name in ("backend", "nginx", "router", "floor")}
 
@@ -140,8 +120,8 @@ class Stack:
 
     def _start(self) -> None:
         nginx = nginx_binary()
-        redis_proc, self.redis_url = router_bench.start_redis(self.workdir)
-        self.children.append(redis_proc)
+        redis, self.redis_url = router_bench.start_redis(self.workdir)
+        self.children.append(redis)
         self._run("backend", [sys.executable, "-m", "asrpool.bench.wsload", "backend",
                               "--port", str(self.ports["backend"])])
         asyncio.run(self._heartbeat())
@@ -158,14 +138,15 @@ class Stack:
                             str(self.ports["floor"]), str(self.ports["backend"])])
 
     def _run(self, name: str, argv: list[str]) -> None:
-        log = self.workdir / f"{name}.log"
-        child = spawn(argv, log)
+        child = processes.spawn(name, argv, self.workdir / f"{name}.log")
         self.children.append(child)
-        setattr(self, f"{name}_pid", child.pid)
-        wait_port(self.ports[name], child, name, log)
+        setattr(self, f"{name}_pid", child.process.pid)
+        port = self.ports[name]
+        processes.wait_until(lambda: processes.port_answers(port), 30,
+                             f"{name} on port {port}", [child], period=0.1)
 
     async def _heartbeat(self) -> None:
-        client = aioredis.Redis.from_url(self.redis_url)
+        client = router_bench.redis_client(self.redis_url)
         beat = registry.PodHeartbeat("backend", registry.DEFAULT_POOL,
                                      f"127.0.0.1:{self.ports['backend']}", 5000, 5000, False,
                                      "bench")
@@ -174,13 +155,7 @@ class Stack:
 
     def __exit__(self, *_: object) -> None:
         for child in reversed(self.children):
-            if child.poll() is None:
-                child.terminate()
-                try:
-                    child.wait(10)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+            child.stop(STOP_TIMEOUT)
 
 
 def phase(stack: Stack, mode: str, count: int, seconds: float) -> dict[str, Any]:
@@ -350,7 +325,7 @@ def main(opts: argparse.Namespace) -> int:
                 if opts.churn_streams:
                     result["churn"] = churn(stack, opts.churn_streams, max(2, opts.rounds * 2))
                     path.write_text(json.dumps(result, indent=2))
-    except BenchError as exc:
+    except (BenchError, processes.StartError) as exc:
         print(f"asrpool bench router: {exc}", file=sys.stderr)
         return 1
     summary = [{key: r[key] for key in ("streams", *PROXIES, "router_over_nginx",

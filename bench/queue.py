@@ -32,6 +32,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from asrpool.bench import router as router_bench
+from asrpool.client import local
 from asrpool.common import registry
 from asrpool.router import admissions, settings, tokens
 
@@ -65,7 +66,7 @@ def _store(client: aioredis.Redis, url: str, lease_ms: int = 3000) -> admissions
 
 
 async def _order(url: str, waiters: int, wait: float) -> dict[str, Any]:
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    client = router_bench.redis_client(url, decode_responses=True)
     store = _store(client, url)
     await _pod(client, free=0)
     tickets = [f"t{i:05d}" for i in range(waiters)]
@@ -109,7 +110,7 @@ async def _serve_all(client: aioredis.Redis, store: admissions.Admissions,
 
 
 async def _memory(url: str, waiters: int, keys: int) -> dict[str, Any]:
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    client = router_bench.redis_client(url, decode_responses=True)
     await client.flushall()
     store = _store(client, url, lease_ms=3_600_000)  # nobody polls while they arrive
     await _pod(client, free=0)
@@ -136,13 +137,12 @@ async def _memory(url: str, waiters: int, keys: int) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
     with tempfile.TemporaryDirectory() as workdir:
-        proc, url = router_bench.start_redis(Path(workdir))
+        redis, url = router_bench.start_redis(Path(workdir))
         try:
             order = asyncio.run(_order(url, opts.waiters, opts.wait))
             memory = asyncio.run(_memory(url, opts.memory_waiters, opts.keys))
         finally:
-            proc.terminate()
-            proc.wait()
+            redis.stop(local.STOP_TIMEOUT)
     result = {"machine": platform.machine(), "python": platform.python_version(),
               "order": order, "memory": memory}
     out = Path(opts.out)

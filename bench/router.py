@@ -30,7 +30,6 @@ import math
 import multiprocessing
 import os
 import platform
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -42,7 +41,7 @@ import redis.asyncio as aioredis
 
 from asrpool.bench import stats
 from asrpool.client import local
-from asrpool.common import processes, protocol, registry
+from asrpool.common import processes, protocol, redis_clients, registry
 from asrpool.router import admissions, settings, tokens
 
 
@@ -73,17 +72,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 # Admission
 
 
-def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_redis(workdir: Path) -> tuple[processes.Child, str]:
     port = processes.free_port()
     url = f"redis://127.0.0.1:{port}/0"
     child = processes.spawn("redis", processes.redis_server_argv(port, workdir),
                             workdir / "redis.log")
     processes.wait_until(lambda: processes.redis_answers(url), 10, "redis-server", [child])
-    return child.process, url
+    return child, url
+
+
+def redis_client(url: str, decode_responses: bool = False) -> aioredis.Redis:
+    """A client of the Redis that :func:`start_redis` started: each call has the local
+    platform's deadline."""
+    return redis_clients.connect(url, local.REDIS_TIMEOUT_SECONDS,
+                                 decode_responses=decode_responses)
 
 
 async def write_pods(url: str, count: int, slots: int) -> None:
-    client = aioredis.Redis.from_url(url)
+    client = redis_client(url)
     for i in range(count):
         beat = registry.PodHeartbeat(f"pod-{i:03d}", "default", f"127.0.0.1:{i + 1}", slots,
                                      slots, False, "bench")
@@ -92,7 +98,7 @@ async def write_pods(url: str, count: int, slots: int) -> None:
 
 
 async def admit_loop(url: str, count: int, in_flight: int) -> list[float]:
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    client = redis_client(url, decode_responses=True)
     store = admissions.Admissions(client, settings.RouterSettings(redis_url=url))
     latencies: list[float] = []
 
@@ -117,7 +123,7 @@ def admit_process(args: tuple[str, int, int]) -> list[float]:
 
 def bench_admission(opts: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
-        proc, url = start_redis(Path(workdir))
+        redis, url = start_redis(Path(workdir))
         try:
             asyncio.run(write_pods(url, opts.fake_pods, 64))
             started = time.perf_counter()
@@ -126,8 +132,7 @@ def bench_admission(opts: argparse.Namespace) -> dict[str, Any]:
                                 [(url, opts.admissions, opts.in_flight)] * opts.routers)
             elapsed = time.perf_counter() - started
         finally:
-            proc.kill()
-            proc.wait()
+            redis.stop(local.STOP_TIMEOUT)
     samples = [x for run in runs for x in run]
     return {"routers": opts.routers, "in_flight_per_router": opts.in_flight,
             "fake_pods": opts.fake_pods, "admissions_per_s": len(samples) / elapsed,
