@@ -7,7 +7,7 @@ the step that consumed it: queueing plus the step itself, beyond the model's own
 ``asr_delay_in_tokens`` (which is the same for every deployment). Also recorded: the
 server's step duration and step lag (from its ``/metrics``), its RSS over time (from
 /proc), and the largest N whose p99 latency stayed under ``--max-p99``. Writes JSON to
-``bench/results/``.
+``bench/results/``, and the server's output to a ``.log`` of the same name beside it.
 
     asrpool bench server --model small --batch-size 8 --clients 1,2,4,8 --seconds 20
 """
@@ -21,9 +21,7 @@ import json
 import multiprocessing
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +34,7 @@ import msgpack
 import numpy as np
 from websockets.asyncio import client as ws_client
 
-from asrpool.common import protocol
+from asrpool.common import processes, protocol
 
 SAMPLE_RATE = protocol.SAMPLE_RATE
 FRAME = protocol.FRAME_SIZE
@@ -65,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     counts = [int(n) for n in args.clients.split(",")]
-    server = _Server(args)
+    server = _Server(args, _out_path(args, ".log"))
     rss = _RssSampler(server.pid)
     try:
         ready_s = server.wait_ready()
@@ -75,11 +73,16 @@ def main(argv: list[str]) -> int:
         rss.stop()
         server.stop()
     result = _result(args, rows, rss.samples, ready_s)
-    path = Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}.json"
+    path = _out_path(args, ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     _print_summary(result, path)
     return 0
+
+
+def _out_path(args: argparse.Namespace, suffix: str) -> Path:
+    """The JSON result (``.json``) or the server's output (``.log``)."""
+    return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{suffix}"
 
 
 def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
@@ -209,8 +212,8 @@ def _histogram_quantile(before: dict[str, float], after: dict[str, float], name:
 
 
 class _Server:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.port = _free_port()
+    def __init__(self, args: argparse.Namespace, log: Path) -> None:
+        self.port = processes.free_port()
         command = [sys.executable, "-m", "asrpool.cli", "serve", "--model", args.model,
                    "--batch-size", str(args.batch_size), "--device", args.device,
                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
@@ -218,20 +221,26 @@ class _Server:
             command += ["--torch-threads", str(args.torch_threads)]
         if args.dtype:
             command += ["--dtype", args.dtype]
+        log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()
-        self.process = subprocess.Popen(command)
-        self.pid = self.process.pid
+        try:
+            self.child = processes.spawn("asrpool serve", command, log)
+        except processes.StartError as exc:
+            raise SystemExit(str(exc)) from exc
+        self.pid = self.child.process.pid
         self.ws_url = f"ws://127.0.0.1:{self.port}/api/asr-streaming"
 
     def wait_ready(self, timeout: float = 600) -> float:
-        while time.monotonic() - self.started < timeout:
-            if self.process.poll() is not None:
-                raise SystemExit(f"asrpool serve exited with {self.process.returncode}")
-            url = f"http://127.0.0.1:{self.port}/readyz"
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
-                return time.monotonic() - self.started
-            time.sleep(0.2)
-        raise SystemExit("asrpool serve did not become ready")
+        try:
+            processes.wait_until(self._ready, self.started + timeout - time.monotonic(),
+                                 "asrpool serve", [self.child])
+        except processes.StartError as exc:
+            raise SystemExit(f"{exc} (its log: {self.child.log})") from exc
+        return time.monotonic() - self.started
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2):
+            return True
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
@@ -240,11 +249,7 @@ class _Server:
                 if line and not line.startswith("#")}
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(40)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        self.child.stop(40)
 
 
 class _RssSampler:
@@ -269,12 +274,6 @@ class _RssSampler:
                 status = Path(f"/proc/{self.pid}/status").read_text().splitlines()
                 line = next(s for s in status if s.startswith("VmRSS:"))
                 self.samples.append((time.monotonic() - self._start, int(line.split()[1]) * 1024))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _print_summary(result: dict[str, Any], path: Path) -> None:
