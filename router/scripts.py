@@ -19,22 +19,23 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from asrpool.common import registry, waiting
+from asrpool.common import protocol, registry, waiting
 from asrpool.router import keys
 
 Argv = list[str | int]
 
 
 class Denial(enum.StrEnum):
-    """Why a script refused: each is one of the client's refusals (placing.refusal_for)."""
+    """Why a script refused, as its reply says it: each is one of the client's refusals
+    (placing.refusal_for), most of them under the code the client is told."""
 
-    BUSY = "busy"
-    UNKNOWN_POOL = "unknown_pool"
-    KEY_LIMIT = "key_limit"
-    QUEUE_FULL = "queue_full"
-    KEY_QUEUE_FULL = "key_queue_full"
-    BAD_RESUME_TOKEN = "bad_resume_token"
-    POD_GONE = "pod_gone"
+    BUSY = protocol.ErrorCode.BUSY
+    UNKNOWN_POOL = protocol.ErrorCode.UNKNOWN_POOL
+    KEY_LIMIT = protocol.ErrorCode.KEY_LIMIT
+    QUEUE_FULL = protocol.ErrorCode.QUEUE_FULL
+    KEY_QUEUE_FULL = protocol.ErrorCode.KEY_QUEUE_FULL
+    BAD_RESUME_TOKEN = protocol.ErrorCode.BAD_RESUME_TOKEN
+    POD_GONE = "pod_gone"  # told as pod_lost
 
 
 class Renewed(enum.IntEnum):

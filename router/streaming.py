@@ -282,7 +282,7 @@ def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) ->
     elif isinstance(end, proxying.PodLost):
         _refuse_relayed(relay, refusals.pod_lost(), deps)
     elif isinstance(end, proxying.TooSlow):  # nothing can reach it: aborted already
-        deps.meters.rejections.labels("too_slow").inc()
+        deps.meters.rejections.labels(protocol.ErrorCode.TOO_SLOW).inc()
     elif isinstance(end, proxying.PodClosed):
         unsendable = (protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST, protocol.CloseCode.TLS)
         code = protocol.CloseCode.NORMAL if end.code in unsendable else end.code

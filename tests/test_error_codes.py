@@ -4,7 +4,10 @@ plain MessagePack string, and a router maps a pod's unknown code to ``internal``
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import msgpack
@@ -78,3 +81,44 @@ def test_every_router_refusal_is_what_clients_met_before() -> None:
                                                                        close_code), make
         assert msgpack.unpackb(refusal.frame()) == {"type": "Error", "message": message,
                                                     "code": code}
+
+
+# Words that are error codes but mean something else where these modules write them.
+_NOT_CODES = {
+    "draining": "a pod's state and its heartbeat's field, not the Error's code",
+    "too_large": "router/frames.py: a scanned frame's fault, told as refusals.too_large",
+}
+_PACKAGES = ("asrpool", "server", "router", "operator", "bench", "plan")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each string literal in ``source`` that is an error code."""
+    codes = {code.value for code in protocol.ErrorCode}
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.STRING and _string(token.string) in codes:
+            found.append((token.start[0], token.string))
+    return found
+
+
+def _string(text: str) -> object:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):  # an f-string's pieces
+        return None
+
+
+def test_the_scanner_finds_a_code_in_any_quotes_and_not_inside_text() -> None:
+    source = "a = 'busy'\nb = \"key_limit\"\nc = 'busy now'\n# 'busy'\nd = f'busy'\n"
+    assert code_literals(source) == [(1, "'busy'"), (2, '"key_limit"')]
+
+
+def test_no_module_but_the_protocol_writes_an_error_code_as_a_string() -> None:
+    owner = _ROOT / "asrpool" / "common" / "protocol.py"
+    twins = [f"{path.relative_to(_ROOT)}:{line}: {text} (use protocol.ErrorCode)"
+             for package in _PACKAGES for path in sorted((_ROOT / package).rglob("*.py"))
+             if path != owner
+             for line, text in code_literals(path.read_text())
+             if _string(text) not in _NOT_CODES]
+    assert twins == []
