@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from asrpool.server import events as events_mod
 from asrpool.server import slots
 
 if TYPE_CHECKING:
     from asrpool.server import engine as engine_mod
-    from asrpool.server import events
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class StepOutput:
     """One batch's results, delivered on the event loop."""
 
     generations: dict[int, int]
-    events: dict[int, list[events.Event]]
+    events: dict[int, list[events_mod.Event]]
     buffered: dict[int, int]
     lags: dict[int, float]  # slot -> seconds from its frame's arrival to its output
     duration: float  # seconds spent in the model step (0 when no step ran)
@@ -105,14 +105,32 @@ class EngineLoop:
 def run_batch(engine: engine_mod.BatchedEngine, batch: slots.Batch) -> StepOutput:
     if batch.resets:
         engine.reset_slots(batch.resets)
-    if batch.restarts:
-        engine.reset_slots(batch.restarts, keep_markers=True)
+    restarted = sorted(set(batch.restarts) - set(batch.resets))  # a reset restarts too
+    if restarted:
+        engine.reset_slots(restarted, keep_markers=True)
     for slot, marker_id, frames_pending in batch.markers:
         engine.add_marker(slot, marker_id, frames_pending)
+    readies = _readies(batch.restarts)
     if not batch.frames:
-        return StepOutput(batch.generations, {}, batch.buffered, {}, 0.0)
+        return StepOutput(batch.generations, readies, batch.buffered, {}, 0.0)
     started = time.monotonic()
     result = engine.step(batch.frames)
     done = time.monotonic()
     lags = {slot: done - arrival for slot, arrival in batch.arrivals.items()}
-    return StepOutput(batch.generations, result.events, batch.buffered, lags, done - started)
+    return StepOutput(batch.generations, _before(readies, result.events), batch.buffered, lags,
+                      done - started)
+
+
+def _readies(restarts: list[int]) -> dict[int, list[events_mod.Event]]:
+    """A Ready for every Init done in this batch, in the stream's order of events."""
+    out: dict[int, list[events_mod.Event]] = {}
+    for slot in restarts:
+        out.setdefault(slot, []).append(events_mod.Restarted())
+    return out
+
+
+def _before(first: dict[int, list[events_mod.Event]],
+            then: dict[int, list[events_mod.Event]]) -> dict[int, list[events_mod.Event]]:
+    if not first:
+        return then
+    return {slot: [*first.get(slot, []), *then.get(slot, [])] for slot in {*first, *then}}

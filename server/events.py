@@ -42,7 +42,12 @@ class Marker:
     id: int
 
 
-Event = Word | EndWord | Step | Marker
+@dataclasses.dataclass(frozen=True)
+class Restarted:
+    """The stream's ``Init`` is done: its model row was reset here (answered ``Ready``)."""
+
+
+Event = Word | EndWord | Step | Marker | Restarted
 
 
 def to_message(event: Event, buffered_pcm: int = 0) -> dict[str, Any]:
@@ -54,6 +59,8 @@ def to_message(event: Event, buffered_pcm: int = 0) -> dict[str, Any]:
     if isinstance(event, Step):
         return {"type": "Step", "step_idx": event.step_idx, "prs": list(event.prs),
                 "buffered_pcm": buffered_pcm}
+    if isinstance(event, Restarted):
+        return {"type": "Ready"}
     return {"type": "Marker", "id": event.id}
 
 

@@ -140,10 +140,10 @@ class Sessions:
         return stream.kick
 
     def restart(self, stream: Stream) -> None:
-        """``Init``, as moshi-server: a new ``Ready`` after what is queued, and the model
-        row reset; buffered audio, pending markers and queued results stay."""
+        """``Init``, as moshi-server, in message order: the model row is reset after the
+        audio received before it, and ``Ready`` comes in the stream's events there;
+        buffered audio, pending markers and queued results stay."""
         self._buffers.restart(stream.slot)
-        stream.post(protocol.ready())
 
     def finish(self, stream: Stream, outcome: outcomes.Outcome) -> None:
         """The connection is gone: keep a resumable stream for a resume, or end it."""

@@ -8,9 +8,10 @@ A slot's reset (a new stream) is handed to the engine with the slot's first fram
 marker, in the same batch, and every slot reset in one batch is reset in one call.
 
 Each slot has a *generation*, bumped whenever its stream starts or ends. A client's
-``Init`` restarts the model row alone (as moshi-server): the generation, buffered audio
-and pending markers stay. The engine thread reports the generation with every event, so output of an
-old stream never reaches a new one.
+``Init`` restarts the model row alone, in message order (as moshi-server): after every
+whole frame received before it, and before any received after it; the generation,
+buffered audio and pending markers stay. The engine thread reports the generation with
+every event, so output of an old stream never reaches a new one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class _SlotInput:
     generation: int = 0
     active: bool = False
     needs_reset: bool = False
-    needs_restart: bool = False  # Init: reset the model row, keep audio and markers
     chunks: collections.deque[NDArray[np.float32]] = dataclasses.field(
         default_factory=collections.deque)
     offset: int = 0  # samples of chunks[0] already taken
@@ -41,6 +41,7 @@ class _SlotInput:
     received: int = 0  # samples received since the stream (generation) began
     frames_taken: int = 0  # frames handed to the engine since the stream began
     markers: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (id, frame no.)
+    inits: list[int] = dataclasses.field(default_factory=list)  # frame no. each Init is due at
     arrivals: collections.deque[tuple[int, float]] = dataclasses.field(
         default_factory=collections.deque)  # (end sample, monotonic arrival time)
 
@@ -49,6 +50,7 @@ class _SlotInput:
         self.chunks.clear()
         self.offset = self.samples = self.received = self.frames_taken = 0
         self.markers.clear()
+        self.inits.clear()
         self.arrivals.clear()
 
     def pop_frame(self) -> NDArray[np.float32]:
@@ -74,12 +76,19 @@ class _SlotInput:
             self.arrivals.popleft()
         return self.arrivals[0][1] if self.arrivals else time.monotonic()
 
+    def take_inits(self) -> int:
+        """How many Inits are due now (every frame received before them is taken)."""
+        due = sum(1 for frame in self.inits if frame <= self.frames_taken)
+        del self.inits[:due]
+        return due
+
     @property
     def ready(self) -> bool:
-        """A frame or a marker for the engine. A reset alone is no work: it is done with
-        the stream's first frame or marker, so a stream that never sends audio (a client
-        that connects and leaves) costs the engine nothing."""
-        return self.active and (bool(self.markers) or self.samples >= FRAME_SIZE)
+        """A frame, a marker or a due Init for the engine. A reset alone is no work: it is
+        done with the stream's first frame or marker, so a stream that never sends audio (a
+        client that connects and leaves) costs the engine nothing."""
+        init_due = bool(self.inits) and self.inits[0] <= self.frames_taken
+        return self.active and (bool(self.markers) or init_due or self.samples >= FRAME_SIZE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +97,7 @@ class Batch:
 
     generations: dict[int, int]
     resets: list[int]
-    restarts: list[int]  # Init: the model row resets, its pending markers stay
+    restarts: list[int]  # a slot per Init due: its row resets (unless reset), Ready is sent
     markers: list[tuple[int, int, int]]  # (slot, id, frames pending)
     frames: dict[int, NDArray[np.float32]]
     arrivals: dict[int, float]  # slot -> arrival time of its frame
@@ -116,9 +125,11 @@ class SlotBuffers:
             return state.generation
 
     def restart(self, slot: int) -> None:
-        """``Init``: the engine resets the slot's model row before its next frame."""
+        """``Init``: the engine resets the slot's model row once it has taken every whole
+        frame buffered now, before the next one."""
         with self._cond:
-            self._slots[slot].needs_restart = True
+            state = self._slots[slot]
+            state.inits.append(state.frames_taken + state.samples // FRAME_SIZE)
             self._cond.notify()
 
     def stop(self, slot: int) -> None:
@@ -127,7 +138,7 @@ class SlotBuffers:
             state = self._slots[slot]
             state.clear()
             state.active = False
-            state.needs_reset = state.needs_restart = False
+            state.needs_reset = False
 
     def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
         if not len(pcm):
@@ -193,10 +204,8 @@ class SlotBuffers:
             generations[slot] = state.generation
             if state.needs_reset:
                 resets.append(slot)
-                state.needs_reset = state.needs_restart = False
-            elif state.needs_restart:
-                restarts.append(slot)
-                state.needs_restart = False
+                state.needs_reset = False
+            restarts.extend([slot] * state.take_inits())
             markers.extend((slot, mid, due - state.frames_taken) for mid, due in state.markers)
             state.markers.clear()
             if state.samples >= FRAME_SIZE:

@@ -56,6 +56,28 @@ async def test_two_streams_at_once_each_get_their_own_words(
     assert kyutai_client.words(got[0]) != kyutai_client.words(got[1])
 
 
+async def test_init_in_a_burst_resets_in_message_order(
+        idle_server: servers.ServerProcess) -> None:
+    """Init sent straight after a burst of audio, as moshi-server handles it: the row
+    resets after every frame sent before it and before any sent after it, whatever the
+    engine's progress when it arrives, and its Ready comes in that place among the
+    results: what follows is the second stream's alone, from time 0."""
+    first = conftest.speechlike(2.0, seed=10)
+    second = conftest.speechlike(2.0, seed=11)
+    burst = [{"type": "Audio", "pcm": first[i:i + kyutai_client.FRAME_SIZE]}
+             for i in range(0, len(first), kyutai_client.FRAME_SIZE)]
+    async with await kyutai_client.connect(idle_server.ws_url) as ws:
+        await kyutai_client.expect(ws, "Ready")
+        await kyutai_client.send_paced(ws, [*burst, {"type": "Init"},
+                                            *kyutai_client.short_messages(second)])
+        got = await kyutai_client.until_marker(ws, 0)
+    kinds = [m["type"] for m in got]
+    assert kinds.count("Ready") == 1
+    before, after = got[:kinds.index("Ready")], got[kinds.index("Ready") + 1:]
+    assert sum(m["type"] == "Step" for m in before) == len(burst)  # every frame of the first
+    assert kyutai_client.words(after) == reference.short_words(second, conftest.BATCH)
+
+
 async def test_init_starts_a_fresh_stream_in_the_same_slot(
         idle_server: servers.ServerProcess) -> None:
     """Init resets the model row (as moshi-server, buffered audio stays: the test waits

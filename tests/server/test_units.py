@@ -75,20 +75,34 @@ def test_replay_when_the_client_got_more_than_counted() -> None:
     assert stream.sent == 2
 
 
-def test_restart_keeps_audio_markers_and_generation() -> None:
-    """Init (as moshi-server): the model row resets, what the stream had queued stays."""
+def test_restart_comes_after_the_audio_before_it_and_keeps_markers_and_generation() -> None:
+    """Init (as moshi-server): in message order, the model row resets after every whole
+    frame received before it; what the stream had queued stays."""
     buffers = slots.SlotBuffers(1)
     generation = buffers.start(0)
     buffers.push_audio(0, np.zeros(1920, dtype=np.float32))
     first = buffers.take(timeout=0)
     assert first is not None and first.resets == [0]  # the start's reset, with its frame
-    buffers.push_audio(0, np.zeros(3 * 1920, dtype=np.float32))
+    buffers.push_audio(0, np.zeros(3 * 1920 + 100, dtype=np.float32))
     buffers.push_marker(0, 5)
     buffers.restart(0)
+    buffers.push_audio(0, np.zeros(1820, dtype=np.float32))
+    batches = [buffers.take(timeout=0) for _ in range(4)]
+    assert [(b.restarts, len(b.frames)) for b in batches if b] == [
+        ([], 1), ([], 1), ([], 1), ([0], 1)]  # the 4th frame: 100 samples before, 1820 after
+    assert batches[0] is not None and batches[0].markers == [(0, 5, 3)]
+    assert all(b is not None and b.generations == {0: generation} for b in batches)
+    assert buffers.buffered(0) == 0 and not buffers.pending()
+
+
+def test_an_init_before_any_frame_is_one_ready_and_no_second_reset() -> None:
+    buffers = slots.SlotBuffers(1)
+    buffers.start(0)
+    buffers.restart(0)
+    buffers.restart(0)
     batch = buffers.take(timeout=0)
-    assert batch is not None
-    assert (batch.resets, batch.restarts, batch.markers) == ([], [0], [(0, 5, 3)])
-    assert batch.generations == {0: generation} and buffers.buffered(0) == 2 * 1920
+    assert batch is not None and (batch.resets, batch.restarts, batch.frames) == ([0], [0, 0], {})
+    assert not buffers.pending()
 
 
 def test_a_restart_keeps_pending_markers_as_many_steps_later() -> None:
