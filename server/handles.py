@@ -107,6 +107,19 @@ class Handle:
             if self.buffered() >= self._cap:
                 await stream.room.wait()
 
+    def processed(self) -> bool:
+        """Whether the engine has stepped every whole frame received, its results posted."""
+        taken = self._buffers.taken(self._stream.slot)
+        return self.buffered() < protocol.FRAME_SIZE and self._stream.frames_done >= taken
+
+    async def all_processed(self) -> None:
+        """Return once :meth:`processed` (the caller bounds the wait)."""
+        stream = self._stream
+        while not self.processed():
+            stream.room.clear()  # set with every step's results
+            if not self.processed():
+                await stream.room.wait()
+
     # Output.
 
     async def next_output(self) -> bytes:

@@ -40,6 +40,7 @@ class Stream:
     expiry: asyncio.TimerHandle | None = None
     sent: int = 0  # messages of this stream sent so far (not counting the Ready of an attach)
     markers_waiting: int = 0  # markers pushed whose Marker has not come back yet
+    frames_done: int = 0  # frames of this stream the engine stepped, their results posted
     history: collections.deque[bytes] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=HISTORY))
 
@@ -175,6 +176,7 @@ class Sessions:
             stream = self._streams.get(slot)
             if stream is None or stream.generation != generation:
                 continue
+            stream.frames_done += slot in output.lags  # a slot has a lag when it stepped
             for event in output.events.get(slot, ()):
                 if isinstance(event, events.Marker):
                     stream.markers_waiting -= 1

@@ -163,6 +163,11 @@ class SlotBuffers:
         with self._cond:
             return self._slots[slot].samples
 
+    def taken(self, slot: int) -> int:
+        """Frames of the slot's stream handed to the engine so far."""
+        with self._cond:
+            return self._slots[slot].frames_taken
+
     def received(self, slot: int) -> int:
         with self._cond:
             return self._slots[slot].received

@@ -23,6 +23,11 @@ logger = logging.getLogger(__name__)
 
 # Close codes of a lost connection (uvicorn reports a vanished peer as 1005 or 1006).
 _LOST = {protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST}
+# A message the client got wrong: the stream ends after the results of its earlier audio.
+_CLIENT_FAULTS = frozenset({
+    protocol.ErrorCode.MALFORMED, protocol.ErrorCode.BAD_MESSAGE, protocol.ErrorCode.UNKNOWN_TYPE,
+    protocol.ErrorCode.BAD_AUDIO, protocol.ErrorCode.MIXED_AUDIO, protocol.ErrorCode.TOO_LARGE,
+    protocol.ErrorCode.TOO_MANY_MESSAGES, protocol.ErrorCode.TOO_MANY_MARKERS})
 _FLUSH_SECONDS = 2.0
 
 
@@ -89,6 +94,8 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
         outcome: outcomes.Outcome
         if reader.done():
             outcome = reader.result()
+            if isinstance(outcome, outcomes.Failed) and outcome.code in _CLIENT_FAULTS:
+                await _results_of_received(handle, kick, writer)
         elif kick.done():
             outcome = kick.result()
         else:  # the writer failed: the connection is gone
@@ -106,6 +113,22 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
         with contextlib.suppress(Exception):
             await asyncio.wait_for(ws.close(protocol.CloseCode.NORMAL), _FLUSH_SECONDS)
     handle.finish(outcome)
+
+
+async def _results_of_received(handle: handles.Handle, kick: asyncio.Future[outcomes.Outcome],
+                               writer: asyncio.Task[None]) -> None:
+    """A bad message ends its stream, but, as on moshi-server, only once the results of
+    the audio received before it are out: the engine steps what is buffered while the
+    writer keeps sending. Bounded by that audio's length and a margin; the pod ending
+    the stream, or the writer failing, ends the wait."""
+    seconds = handle.buffered() / protocol.SAMPLE_RATE + _FLUSH_SECONDS
+    processed = asyncio.ensure_future(handle.all_processed())
+    try:
+        waited: set[asyncio.Future[Any]] = {processed, kick, writer}
+        await asyncio.wait(waited, timeout=seconds,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        processed.cancel()
 
 
 async def _close(ws: websockets.WebSocket, pod: pods.Pod, pending: list[bytes],

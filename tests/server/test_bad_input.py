@@ -138,3 +138,23 @@ async def test_a_client_that_never_sends_is_dropped(idle_server: servers.ServerP
             asyncio.get_running_loop().time() < deadline):
         await asyncio.sleep(0.05)
     assert idle_server.modules_info()["used_slots"] == 0
+
+
+@pytest.mark.parametrize("bad", [b"\xc1\xff\x00garbage", msgpack.packb({"type": "Nope"})])
+async def test_the_results_of_the_audio_before_a_bad_message_come_before_its_error(
+        idle_server: servers.ServerProcess, bad: bytes) -> None:
+    """As on moshi-server, a bad message ends the stream only once every frame received
+    before it has been stepped and its results sent: nothing the client sent is lost."""
+    frames = 100
+    pcm = np.random.default_rng(3).standard_normal(frames * 1920).astype(np.float32) * 0.1
+    async with await kyutai_client.connect(idle_server.ws_url) as ws:
+        await kyutai_client.expect(ws, "Ready")
+        for i in range(frames):
+            await ws.send(kyutai_client.audio(pcm[i * 1920:(i + 1) * 1920]))
+        await ws.send(bad)
+        got = []
+        while (message := await kyutai_client.receive(ws, timeout=30))["type"] != "Error":
+            got.append(message)
+        await asyncio.wait_for(ws.wait_closed(), 10)
+    assert message["code"] in {"malformed", "unknown_type"}
+    assert sum(m["type"] == "Step" for m in got) == frames
