@@ -18,16 +18,23 @@ class Certificates:
     serving_key: Path
     service_account_key: Path
     service_account_public: Path
+    kubelet_client_cert: Path  # the API server's, to the kubelets (logs, exec, port-forward)
+    kubelet_client_key: Path
+
+
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"  # its user; in system:masters, as kubeadm's
 
 
 def make(directory: Path, addresses: Sequence[str] = ()) -> Certificates:
     """A CA, an API-server serving certificate for 127.0.0.1 (and ``addresses``: where
-    real nodes and pods dial it), a service-account key pair."""
+    real nodes and pods dial it), a service-account key pair, and the API server's client
+    certificate for the kubelets' APIs."""
     if shutil.which("openssl") is None:
         raise RuntimeError("the openssl command is not on PATH (Debian package openssl)")
     directory.mkdir(parents=True, exist_ok=True)
     certs = Certificates(*(directory / name for name in (
-        "ca.crt", "apiserver.crt", "apiserver.key", "sa.key", "sa.pub")))
+        "ca.crt", "apiserver.crt", "apiserver.key", "sa.key", "sa.pub",
+        "apiserver-kubelet-client.crt", "apiserver-kubelet-client.key")))
     ca_key = directory / "ca.key"
     _openssl("genrsa", "-out", str(ca_key), "2048")
     _openssl("req", "-x509", "-new", "-key", str(ca_key), "-days", DAYS,
@@ -49,7 +56,21 @@ def make(directory: Path, addresses: Sequence[str] = ()) -> Certificates:
     _openssl("genrsa", "-out", str(certs.service_account_key), "2048")
     _openssl("rsa", "-in", str(certs.service_account_key), "-pubout",
              "-out", str(certs.service_account_public))
+    _client_certificate(directory, ca_key, certs.ca_cert, certs.kubelet_client_key,
+                        certs.kubelet_client_cert, f"/O=system:masters/CN={KUBELET_CLIENT}")
     return certs
+
+
+def _client_certificate(directory: Path, ca_key: Path, ca_cert: Path, key: Path, cert: Path,
+                        subject: str) -> None:
+    """A key and a certificate for client authentication only, signed by the CA."""
+    _openssl("genrsa", "-out", str(key), "2048")
+    request = directory / f"{cert.stem}.csr"
+    _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(request))
+    extensions = directory / f"{cert.stem}.ext"
+    extensions.write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca_cert), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", DAYS, "-extfile", str(extensions), "-out", str(cert))
 
 
 def _openssl(*args: str) -> None:

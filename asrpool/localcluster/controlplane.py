@@ -169,8 +169,11 @@ class ControlPlane:
             "--api-audiences", ISSUER,
             "--service-cluster-ip-range", SERVICE_RANGE,
             "--allow-privileged=true",
-            # Real nodes' names resolve nowhere: logs and exec dial their addresses.
+            # Real nodes' names resolve nowhere: logs and exec dial their addresses, as a
+            # client the kubelets authenticate by certificate.
             "--kubelet-preferred-address-types", "InternalIP,Hostname",
+            "--kubelet-client-certificate", str(certificates.kubelet_client_cert),
+            "--kubelet-client-key", str(certificates.kubelet_client_key),
             "--profiling=false",
             "--cert-dir", str(self.workdir / "pki"),
             "--v", "0"])

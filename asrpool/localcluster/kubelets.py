@@ -3,9 +3,11 @@
 Kubelet: cgroup v1 allowed (this kind of VM mounts hybrid cgroups), the cgroupfs driver
 with the node's own cgroup as its root, swap tolerated, its OOM score left alone (no
 CAP_SYS_RESOURCE), the cluster DNS, eviction thresholds low enough for a shared
-development disk. Its API on the node's address accepts any caller (it is reachable
-only from the cluster's own bridge): ``kubectl logs`` and ``exec`` work without client
-certificates.
+development disk. Its API on the node's address (port 10250) serves only callers the
+API server vouches for, as on a production cluster: no anonymous request; a client
+certificate of the cluster's CA (the API server's own, for ``kubectl logs``, ``exec`` and
+``port-forward``) or a bearer token, checked by a TokenReview; every request then
+authorized by a SubjectAccessReview (``nodes/proxy``, ``nodes/log``, ... under RBAC).
 
 kube-proxy: nftables mode in the node's namespace, conntrack's host-wide settings left
 as they are. A pod's packet to a Service keeps the pod's address (only traffic from
@@ -29,7 +31,8 @@ CLUSTER_DOMAIN = "cluster.local"
 
 
 def kubelet_config(node: netns.NodeNet, *, cgroup_root: str, runtime_socket: Path,
-                   cluster_dns: str, resolv_conf: Path, pod_logs: Path) -> dict[str, Any]:
+                   cluster_dns: str, resolv_conf: Path, pod_logs: Path,
+                   client_ca: Path) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -38,8 +41,9 @@ def kubelet_config(node: netns.NodeNet, *, cgroup_root: str, runtime_socket: Pat
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": 10248,
-        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(client_ca)}},
+        "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{runtime_socket}",
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": cgroup_root,

@@ -248,14 +248,16 @@ class RealNode:
         return child
 
     def start_kubelet(self, kubeconfig: Path, proxy_kubeconfig: Path,
-                      cluster_dns: str) -> None:
-        """The kubelet as ``system:node:NAME`` (``kubeconfig``), kube-proxy as
-        ``system:kube-proxy``."""
+                      cluster_dns: str, client_ca: Path) -> None:
+        """The kubelet as ``system:node:NAME`` (``kubeconfig``), its API serving the
+        clients the API server vouches for (certificates of ``client_ca``, or tokens);
+        kube-proxy as ``system:kube-proxy``."""
         resolv = self.directory / "resolv.conf"
         resolv.write_text(f"nameserver {cluster_dns}\n")
         config = kubelets.write(self.directory / "kubelet.yaml", kubelets.kubelet_config(
             self.net, cgroup_root=self.cgroup.path, runtime_socket=self.runtime.socket,
-            cluster_dns=cluster_dns, resolv_conf=resolv, pod_logs=self.directory / "pods"))
+            cluster_dns=cluster_dns, resolv_conf=resolv, pod_logs=self.directory / "pods",
+            client_ca=client_ca))
         self._enter("kubelet", [
             str(self.binaries.kubelet), "--config", str(config), "--kubeconfig", str(kubeconfig),
             "--root-dir", str(self.directory / "kubelet"), "--hostname-override", self.name,
@@ -352,7 +354,7 @@ class RealNodes:
         for node in self.nodes:
             kubelet = node.directory / "kubelet.kubeconfig"
             kubelet.write_text(access.kubeconfig_of(node_user(node.name)))
-            node.start_kubelet(kubelet, proxy, controlplane.DNS_SERVICE_IP)
+            node.start_kubelet(kubelet, proxy, controlplane.DNS_SERVICE_IP, access.ca_cert)
         return loaded
 
     def ready(self) -> bool:

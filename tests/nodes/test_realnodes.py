@@ -6,10 +6,14 @@ import dataclasses
 import ipaddress
 import json
 import os
+import ssl
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from asrpool.localcluster import controlplane, netns, realnodes
 from tests.nodes import clusters
@@ -25,6 +29,37 @@ def test_every_node_is_a_ready_kubelet_on_containerd(cluster: NodeCluster) -> No
         assert info["containerRuntimeVersion"].startswith("containerd://")
         ready = [c for c in item["status"]["conditions"] if c["type"] == "Ready"]
         assert ready[0]["status"] == "True", ready
+
+
+def _kubelet_status(address: str, token: str | None) -> int:
+    """The status a kubelet's API answers ``GET /pods`` with (its serving certificate is
+    its own, self-signed: not checked here)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"https://{address}:10250/pods", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_kubelet_serves_only_callers_the_api_server_vouches_for(
+        cluster: NodeCluster, namespace: str) -> None:
+    """Webhook authentication and authorization on every kubelet's API, as on a
+    production cluster: no anonymous caller (401); a service account's token is known
+    but given no node rights (403); the administrator's is allowed. The API server's
+    own client certificate reaching logs, exec and port-forward is what the other tests
+    here use."""
+    cluster.kubectl("create", "serviceaccount", "reader", "--namespace", namespace)
+    reader = cluster.kubectl("create", "token", "reader", "--namespace", namespace).stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())["users"][0]["user"]["token"]
+    for item in json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]:
+        address = next(a["address"] for a in item["status"]["addresses"]
+                       if a["type"] == "InternalIP")
+        statuses = [_kubelet_status(address, token) for token in (None, reader, admin)]
+        assert statuses == [401, 403, 200], (item["metadata"]["name"], statuses)
 
 
 def test_a_deployment_runs_in_its_own_network_namespace_with_a_pod_address(
