@@ -10,7 +10,8 @@ from collections.abc import Callable
 Main = Callable[[list[str]], int]
 # The modules of this package that are benchmarks, each imported only when it runs
 # (engine, capacity and isolation load torch).
-BENCHMARKS = ("engine", "server", "router", "capacity", "isolation", "queue", "soak")
+BENCHMARKS = ("engine", "server", "router", "capacity", "isolation", "queue", "soak",
+              "padding")
 
 
 def main_of(target: str) -> Main:
