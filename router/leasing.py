@@ -64,6 +64,7 @@ async def _in_batches(
         try:
             replies = await call(batch)
         except redis.RedisError as exc:
+            _unless_cancelled()
             meters.redis_errors.labels("renew").inc()
             log.warning("cannot %s %d sessions: %s", what, len(items), exc)
             return
@@ -86,9 +87,18 @@ async def watch_pools(client: aioredis.Redis, meters: metrics.Metrics, period: f
         try:
             snapshot = await views.pools_json(client)
         except redis.RedisError as exc:
+            _unless_cancelled()
             meters.redis_errors.labels("watch").inc()
             log.debug("cannot read pools: %s", exc)
         else:
             for pool, body in snapshot["pools"].items():
                 meters.free_slots.labels(pool).set(body["free_slots"])
         await asyncio.sleep(period)
+
+
+def _unless_cancelled() -> None:
+    """A loop that was asked to stop while Redis failed stops: a cancellation that the
+    Redis client turned into an error must not be taken for an outage and retried."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
