@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import redis
@@ -59,23 +60,24 @@ class RedisCredentials(environment.Settings):
 
 def connect(url: str, timeout_seconds: float, *, password: str | None = None,
             decode_responses: bool = False) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        url, password=password, decode_responses=decode_responses,
-        socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
-        retry=retry.Retry(backoff.NoBackoff(), 1),
-        # The version given, not looked up: redis-py would read its package metadata
-        # from disk for every new connection (1-2 ms each, as admissions open them).
-        driver_info=driver_info.DriverInfo(lib_version=redis.__version__))
+    return aioredis.Redis.from_url(url, password=password, decode_responses=decode_responses,
+                                   **_deadlines(timeout_seconds))
 
 
 def connect_sync(url: str, timeout_seconds: float, *, password: str | None = None,
                  decode_responses: bool = False) -> redis.Redis:
     """:func:`connect` for code without an event loop: the same deadlines and retry."""
-    return redis.Redis.from_url(
-        url, password=password, decode_responses=decode_responses,
-        socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
-        retry=retry.Retry(backoff.NoBackoff(), 1),
-        driver_info=driver_info.DriverInfo(lib_version=redis.__version__))
+    return redis.Redis.from_url(url, password=password, decode_responses=decode_responses,
+                                **_deadlines(timeout_seconds))
+
+
+def _deadlines(timeout_seconds: float) -> dict[str, Any]:
+    """Every call and connect within the timeout, tried once more on a dropped link."""
+    return {"socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds,
+            "retry": retry.Retry(backoff.NoBackoff(), 1),
+            # The version given, not looked up: redis-py would read its package metadata
+            # from disk for every new connection (1-2 ms each, as admissions open them).
+            "driver_info": driver_info.DriverInfo(lib_version=redis.__version__)}
 
 
 def has_password(url: str) -> bool:
