@@ -40,6 +40,18 @@ async def free_of(redis: aioredis.Redis, pool: str = "default") -> dict[str, int
     return {p.beat.pod_id: p.load.free for p in await views.read_pool(redis, pool)}
 
 
+async def held_for_resume(s: admissions.Admissions,
+                   key_id: str = "team") -> tuple[admissions.Request, admissions.Session]:
+    """A session admitted, attached (the pod gave a resume token) and detached."""
+    req = request(key_id=key_id)
+    held = await s.admit(req)
+    assert isinstance(held, admissions.Session)
+    held.pod_resume_token = "pod-token"
+    await s.attach(held)
+    await s.detach(held)
+    return req, held
+
+
 async def test_racing_routers_never_over_admit(redis_server: RedisServer) -> None:
     """4 routers (own clients), 3 pods of 4 slots, 40 admissions at once: exactly 12."""
     clients = [aioredis.Redis.from_url(redis_server.url, decode_responses=True) for _ in range(4)]
@@ -222,12 +234,7 @@ async def test_resumes_racing_through_many_routers_leave_one_owner(
     release or renewal disturbs, and the pod's slot counted once."""
     await support.beat(redis, "a", total=2)
     s = store(redis, redis_server.url)
-    req = request(key_id="team")
-    held = await s.admit(req)
-    assert isinstance(held, admissions.Session)
-    held.pod_resume_token = "pod-token"
-    await s.attach(held)
-    await s.detach(held)
+    req, held = await held_for_resume(s)
     clients = [aioredis.Redis.from_url(redis_server.url, decode_responses=True) for _ in range(6)]
     routers = [store(c, redis_server.url) for c in clients]
     claims = await asyncio.gather(*(r.resume(admissions.Request("", "team", 0, req.token, f"c{i}"))
@@ -252,12 +259,7 @@ async def test_resume_needs_the_token_the_key_and_a_live_pod(
 ) -> None:
     await support.beat(redis, "a", total=2)
     s = store(redis, redis_server.url)
-    req = request(key_id="team")
-    held = await s.admit(req)
-    assert isinstance(held, admissions.Session)
-    held.pod_resume_token = "pod-token"
-    await s.attach(held)
-    await s.detach(held)
+    req, _ = await held_for_resume(s)
     forged = tokens.ResumeToken(req.token.session_id, req.token.text + "x")
     assert await s.resume(admissions.Request("", "team", 0, forged, "c2")) == admissions.Refused(
         "bad_resume_token"
@@ -408,12 +410,7 @@ async def test_a_detached_session_survives_a_redis_restart(redis_server: RedisSe
     redis = wiring.connect_redis(support.config(redis_server.url))  # the router's own client
     await support.beat(redis, "a", total=2)
     s = store(redis, redis_server.url, resume_grace_seconds=30)
-    req = request(key_id="team")
-    held = await s.admit(req)
-    assert isinstance(held, admissions.Session)
-    held.pod_resume_token = "pod-token"
-    await s.attach(held)
-    await s.detach(held)
+    req, held = await held_for_resume(s)
     kept = admissions.Sessions()
     kept.hold_detached(held, until=time.monotonic() + 30)
     detached = kept.detached(time.monotonic())
