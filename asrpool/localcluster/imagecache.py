@@ -46,6 +46,12 @@ def key(images: Sequence[Image]) -> str:
     return hashlib.sha256(json.dumps([version, parts]).encode()).hexdigest()[:24]
 
 
+def first_seed(cache: Path, images: Sequence[Image]) -> bool:
+    """Whether ``images`` need a seed made from nothing (no seed holds them, and none
+    to start a new one from)."""
+    return not (cache / key(images) / "root").is_dir() and _newest(cache) is None
+
+
 def ensure(cache: Path, images: Sequence[Image], build: Callable[[Path], None]) -> Path:
     """The seed root for ``images``; ``build(folder)`` fills a new one when there is none."""
     seed = cache / key(images)

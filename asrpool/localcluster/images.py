@@ -82,6 +82,19 @@ def _archive(path: Path) -> Image:
     return Image(str(path), archive_digest(path), stored=False)
 
 
+def size(image: Image) -> int:
+    """Bytes of the image: its archive's, or what podman reports of a stored one."""
+    if not image.stored:
+        return Path(image.name).stat().st_size
+    result = _run(["podman", "image", "inspect", "--format", "{{.Size}}", image.name],
+                  INSPECT_TIMEOUT)
+    text = result.stdout.strip()
+    if result.returncode != 0 or not text.isdigit():
+        raise processes.StartError(f"image {image.name}: podman gave no size "
+                                   f"({result.stderr.strip()})")
+    return int(text)
+
+
 def _image_id(name: str) -> str:
     result = _run(["podman", "image", "inspect", "--format", "{{.Id}}", name], INSPECT_TIMEOUT)
     if result.returncode != 0 or not result.stdout.strip():

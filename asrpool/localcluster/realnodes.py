@@ -34,6 +34,7 @@ from asrpool.localcluster import (
     cni,
     containerd,
     controlplane,
+    diskspace,
     imagecache,
     images,
     kubelets,
@@ -337,6 +338,7 @@ class RealNodes:
     def start(self, access: controlplane.Access, wanted: Sequence[images.Image]) -> float:
         """DNS and every node's runtime, images and kubelet; the seconds the images took
         (to import them into a new seed, or to find it)."""
+        self._check_disk(wanted)
         self.kubeconfig = self.workdir / "node.kubeconfig"
         self.kubeconfig.write_text(access.kubeconfig())
         self.dns = clusterdns.start(self.binaries.coredns, netns.HOST_ADDRESS,
@@ -356,6 +358,14 @@ class RealNodes:
             kubelet.write_text(access.kubeconfig_of(node_user(node.name)))
             node.start_kubelet(kubelet, proxy, controlplane.DNS_SERVICE_IP, access.ca_cert)
         return loaded
+
+    def _check_disk(self, wanted: Sequence[images.Image]) -> None:
+        first = imagecache.first_seed(self.image_cache, wanted)
+        image_bytes = sum(images.size(image) for image in wanted) if first else 0
+        self.image_cache.mkdir(parents=True, exist_ok=True)
+        problem = diskspace.problem(self.image_cache, image_bytes, first)
+        if problem is not None:
+            raise processes.StartError(problem)
 
     def ready(self) -> bool:
         for node in self.nodes:
