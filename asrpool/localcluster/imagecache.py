@@ -28,6 +28,7 @@ from asrpool.localcluster.images import Image
 
 KEEP = 2  # seeds kept: the newest (one holds the server image: some 12 GB)
 DATABASE_SUFFIX = ".db"
+IDENTITIES = "images.json"  # in a seed: the identities of the images it holds
 
 
 def default_dir() -> Path:
@@ -46,10 +47,24 @@ def key(images: Sequence[Image]) -> str:
     return hashlib.sha256(json.dumps([version, parts]).encode()).hexdigest()[:24]
 
 
-def first_seed(cache: Path, images: Sequence[Image]) -> bool:
-    """Whether ``images`` need a seed made from nothing (no seed holds them, and none
-    to start a new one from)."""
-    return not (cache / key(images) / "root").is_dir() and _newest(cache) is None
+def to_import(cache: Path, images: Sequence[Image]) -> tuple[list[Image], bool]:
+    """The images that :func:`ensure` has yet to import for ``images``, and whether into
+    a first seed (made from nothing: no seed to start from). A seed that does not say
+    what it holds (made before it did) is taken to hold them all."""
+    if (cache / key(images) / "root").is_dir():
+        return [], False
+    newest = _newest(cache)
+    if newest is None:
+        return list(images), True
+    held = _identities(newest, default={image.identity for image in images})
+    return [image for image in images if image.identity not in held], False
+
+
+def _identities(seed: Path, default: set[str]) -> set[str]:
+    try:
+        return set(json.loads((seed / IDENTITIES).read_text()))
+    except (OSError, ValueError):
+        return default
 
 
 def ensure(cache: Path, images: Sequence[Image], build: Callable[[Path], None]) -> Path:
@@ -63,6 +78,7 @@ def ensure(cache: Path, images: Sequence[Image], build: Callable[[Path], None]) 
         if previous is not None:  # its unchanged layers are kept, not imported again
             copy(previous / "root", building / "root")
         build(building)
+        (building / IDENTITIES).write_text(json.dumps(sorted(i.identity for i in images)))
         shutil.rmtree(seed, ignore_errors=True)
         building.rename(seed)
     seed.touch()  # its time is its last use

@@ -360,10 +360,9 @@ class RealNodes:
         return loaded
 
     def _check_disk(self, wanted: Sequence[images.Image]) -> None:
-        first = imagecache.first_seed(self.image_cache, wanted)
-        image_bytes = sum(images.size(image) for image in wanted) if first else 0
+        new, first = imagecache.to_import(self.image_cache, wanted)
         self.image_cache.mkdir(parents=True, exist_ok=True)
-        problem = diskspace.problem(self.image_cache, image_bytes, first)
+        problem = diskspace.problem(self.image_cache, sum(map(images.size, new)), first)
         if problem is not None:
             raise processes.StartError(problem)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -10,9 +11,10 @@ from asrpool.localcluster import diskspace, imagecache, images
 GIB = diskspace.GIB
 
 
-def test_a_first_seed_needs_room_for_its_images_and_a_later_one_only_the_nodes() -> None:
+def test_a_first_seed_needs_room_for_its_images_and_a_later_one_for_their_layouts() -> None:
     assert diskspace.needed(8 * GIB, first_seed=True) == diskspace.RUNNING_BYTES + 12 * GIB
-    assert diskspace.needed(8 * GIB, first_seed=False) == diskspace.RUNNING_BYTES
+    assert diskspace.needed(8 * GIB, first_seed=False) == diskspace.RUNNING_BYTES + 8 * GIB
+    assert diskspace.needed(0, first_seed=False) == diskspace.RUNNING_BYTES
 
 
 def test_a_disk_too_small_is_told_in_one_line_with_both_figures(tmp_path: Path) -> None:
@@ -20,17 +22,22 @@ def test_a_disk_too_small_is_told_in_one_line_with_both_figures(tmp_path: Path) 
     told = diskspace.problem(tmp_path, 2 * free, first_seed=True)
     assert told is not None and "\n" not in told
     assert f"{diskspace.needed(2 * free, True) / GIB:.1f} GB" in told
-    assert f"it has {free / GIB:.1f} GB" in told and "a first seed" in told
+    assert f"it has {free / GIB:.1f} GB" in told and "a first seed of" in told
     assert diskspace.problem(tmp_path, 0, first_seed=False) is None  # 2 GB: this disk has it
 
 
-def test_only_an_empty_cache_makes_a_first_seed(tmp_path: Path) -> None:
-    archive = tmp_path / "tiny.tar"
-    archive.write_bytes(b"x" * 1000)
-    wanted = [images.Image(str(archive), "tiny@1", stored=False)]
+def test_a_seed_imports_what_the_newest_seed_does_not_hold(tmp_path: Path) -> None:
+    archives = []
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.tar").write_bytes(b"x" * 1000)
+        archives.append(images.Image(str(tmp_path / f"{name}.tar"), f"{name}@1", stored=False))
     cache = tmp_path / "seeds"
     cache.mkdir()
-    assert imagecache.first_seed(cache, wanted)
-    (cache / "older" / "root").mkdir(parents=True)  # another set's seed: copied, not refilled
-    assert not imagecache.first_seed(cache, wanted)
-    assert images.size(wanted[0]) == 1000
+    assert imagecache.to_import(cache, archives) == (archives, True)  # nothing to start from
+    seed = imagecache.ensure(cache, archives[:1], lambda folder: (folder / "root").mkdir())
+    assert json.loads((seed.parent / imagecache.IDENTITIES).read_text()) == ["one@1"]
+    assert imagecache.to_import(cache, archives) == (archives[1:], False)
+    assert imagecache.to_import(cache, archives[:1]) == ([], False)  # its own seed exists
+    (seed.parent / imagecache.IDENTITIES).unlink()  # a seed made before seeds said
+    assert imagecache.to_import(cache, archives) == ([], False)
+    assert images.size(archives[0]) == 1000
