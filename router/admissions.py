@@ -131,8 +131,8 @@ class Admissions:
 
     async def _candidates(self, pool: str, exclude: set[str]) -> list[str]:
         """The pool's pods as last listed (ADMIT checks each one's lease itself)."""
-        listed = await self.redis.zrange(registry.pool_pods_key(pool), 0, -1)
-        return [pod_id for pod_id in map(_text, listed) if pod_id not in exclude]
+        listed = await registry.listed_pods(self.redis, pool)
+        return [pod_id for pod_id in listed if pod_id not in exclude]
 
     async def leave_queue(self, request: Request, ticket: str, refused: bool = False) -> None:
         """Leave the wait queue; ``refused``: the client is told 'busy' (counted as demand)."""
@@ -151,15 +151,14 @@ class Admissions:
         """Claim a detached (or orphaned) session for this connection."""
         c = self.config
         sid = request.token.session_id
-        pod_id = await self.redis.hget(keys.session(sid), "pod")
-        if pod_id is None:
+        recorded = await self.redis.hget(keys.session(sid), "pod")
+        if recorded is None:
             return Refused(scripts.Denial.BAD_RESUME_TOKEN)
-        pod_id = _text(pod_id)
-        session_keys = scripts.SessionKeys.of(sid, pod_id, request.key_id)
+        pod_id = registry.as_text(recorded)
         args = scripts.ResumeArgs(sid, request.token.sha256, request.key_id, request.conn,
                                   c.hold_ms, c.router_id, pod_id)
         reply = scripts.ResumeReply.decode(await self._resume(
-            keys=[*session_keys, registry.pod_key(pod_id)], args=args))
+            keys=scripts.session_and_pod_keys(sid, pod_id, request.key_id), args=args))
         if reply.denial is not None:
             return Refused(reply.denial)
         return Session(
@@ -224,10 +223,6 @@ class Admissions:
 
 def _keys(session: Session) -> scripts.SessionKeys:
     return scripts.SessionKeys.of(session.session_id, session.pod_id, session.key_id)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 async def _rebuilding_lost(

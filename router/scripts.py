@@ -351,7 +351,12 @@ class RenewArgs(NamedTuple):
     key_id: str
 
     def key_names(self) -> list[str]:
-        return [*SessionKeys.of(self.sid, self.pod, self.key_id), registry.pod_key(self.pod)]
+        return session_and_pod_keys(self.sid, self.pod, self.key_id)
+
+
+def session_and_pod_keys(sid: str, pod_id: str, key_id: str) -> list[str]:
+    """A session's :class:`SessionKeys`, then its pod's hash: RENEW's and RESUME's KEYS."""
+    return [*SessionKeys.of(sid, pod_id, key_id), registry.pod_key(pod_id)]
 
 
 RENEW_KEYS = len(SessionKeys._fields) + 1  # KEYS per renewed session

@@ -172,7 +172,7 @@ class PodHeartbeat:
 
     @classmethod
     def from_hash(cls, raw: dict[Any, Any]) -> PodHeartbeat:
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+        fields = {as_text(k): as_text(v) for k, v in raw.items()}
         return cls(
             pod_id=fields["pod_id"],
             pool=fields["pool"],
@@ -185,7 +185,8 @@ class PodHeartbeat:
         )
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A Redis reply as text, from a client that decodes responses or one that does not."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -236,16 +237,19 @@ async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str, instance: st
 
 async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodHeartbeat]:
     """The live pods of a pool (lease not expired), dropping dead members on the way."""
-    key = pool_pods_key(pool)
-    await redis.zremrangebyscore(key, "-inf", await redis_now_ms(redis))
-    pod_ids = [_text(p) for p in await redis.zrange(key, 0, -1)]
+    await redis.zremrangebyscore(pool_pods_key(pool), "-inf", await redis_now_ms(redis))
     beats = []
-    for pod_id in pod_ids:
+    for pod_id in await listed_pods(redis, pool):
         raw = await redis.hgetall(pod_key(pod_id))
         if raw:
             beats.append(PodHeartbeat.from_hash(raw))
     return beats
 
 
+async def listed_pods(redis: aioredis.Redis, pool: str) -> list[str]:
+    """The pod ids in the pool's lease set, dead ones too until someone drops them."""
+    return [as_text(p) for p in await redis.zrange(pool_pods_key(pool), 0, -1)]
+
+
 async def read_pools(redis: aioredis.Redis) -> list[str]:
-    return sorted(_text(p) for p in await redis.smembers(POOLS_KEY))
+    return sorted(as_text(p) for p in await redis.smembers(POOLS_KEY))
