@@ -27,18 +27,21 @@ Placed = tuple[admissions.Session, pods.Opened]
 def refusal_for(
     refused: admissions.Refused, request: admissions.Request, config: settings.RouterSettings
 ) -> refusals.Refusal:
-    denial = scripts.Denial
-    told = {
-        denial.UNKNOWN_POOL: lambda: refusals.unknown_pool(request.pool),
-        denial.KEY_LIMIT: lambda: refusals.key_limit(request.key_id, request.key_limit),
-        denial.QUEUE_FULL: lambda: refusals.queue_full(config.queue_max),
-        denial.KEY_QUEUE_FULL: lambda: refusals.key_queue_full(request.key_id,
-                                                               config.queue_max_per_key),
-        denial.BAD_RESUME_TOKEN: refusals.bad_resume_token,
-        denial.POD_GONE: refusals.pod_gone,
-        denial.BUSY: refusals.busy,
-    }
-    return told[refused.reason]()
+    match refused.reason:
+        case scripts.Denial.UNKNOWN_POOL:
+            return refusals.unknown_pool(request.pool)
+        case scripts.Denial.KEY_LIMIT:
+            return refusals.key_limit(request.key_id, request.key_limit)
+        case scripts.Denial.QUEUE_FULL:
+            return refusals.queue_full(config.queue_max)
+        case scripts.Denial.KEY_QUEUE_FULL:
+            return refusals.key_queue_full(request.key_id, config.queue_max_per_key)
+        case scripts.Denial.BAD_RESUME_TOKEN:
+            return refusals.bad_resume_token()
+        case scripts.Denial.POD_GONE:
+            return refusals.pod_gone()
+        case scripts.Denial.BUSY:
+            return refusals.busy()
 
 
 async def place(
