@@ -371,18 +371,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     started = time.monotonic()
-    model = _load(args, device)
+    model = devices.load_model(args.model, device, args.context)
     memory = MemoryProbe(device, state_bytes_per_slot(model))
     searches = {mode: _search_mode(model, memory, mode, args) for mode in modes}
     return _result(args, device, model, memory, searches, time.monotonic() - started)
 
 
-def _load(args: argparse.Namespace, device: torch.device) -> models.LoadedModel:
-    try:
-        return models.load_model(args.model, device=device,
-                                 dtype=models.default_dtype(device), context=args.context)
-    except models.ModelError as exc:
-        raise devices.BadInput(str(exc)) from exc
 
 
 def _search_mode(model: models.LoadedModel, memory: MemoryProbe, graphs: bool | None,

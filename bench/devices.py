@@ -1,8 +1,11 @@
-"""What the benches share about devices and bad input: one checked device, one error."""
+"""What the benches share about devices and bad input: one checked device, one error,
+one way to load a model there."""
 
 from __future__ import annotations
 
 import torch
+
+from asrpool.server import models
 
 
 class BadInput(Exception):
@@ -25,3 +28,13 @@ def resolve(name: str) -> torch.device:
 
 def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def load_model(name: str, device: torch.device, context: int | None = None) -> models.LoadedModel:
+    """``name`` on ``device`` in the one dtype policy (models.default_dtype); a name that
+    is no preset, checkpoint or repo is bad input."""
+    try:
+        return models.load_model(name, device=device, dtype=models.default_dtype(device),
+                                 context=context)
+    except models.ModelError as exc:
+        raise BadInput(str(exc)) from exc

@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
             torch.set_num_threads(args.torch_threads)
         context = args.context or max(8, args.steps // 3)
         dtype = models.default_dtype(device)
-        report = check(lambda: _load(args.model, device, dtype, context), args.batch,
+        report = check(lambda: devices.load_model(args.model, device, context), args.batch,
                        args.steps, args.seed)
     except devices.BadInput as exc:
         print(f"asrpool bench isolation: {exc}", file=sys.stderr)
@@ -238,11 +238,3 @@ def main(argv: list[str]) -> int:
     for failure in report.failures[:10]:
         print(f"  {failure}")
     return 0 if report.ok else 1
-
-
-def _load(name: str, device: torch.device, dtype: torch.dtype,
-          context: int) -> models.LoadedModel:
-    try:
-        return models.load_model(name, device=device, dtype=dtype, context=context)
-    except models.ModelError as exc:
-        raise devices.BadInput(str(exc)) from exc

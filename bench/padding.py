@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 from asrpool.bench import devices
 from asrpool.bench.isolation import speechlike
 from asrpool.common import protocol
-from asrpool.server import engine, models
+from asrpool.server import engine
 
 FRAME_SIZE = protocol.FRAME_SIZE
 
@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
         device = devices.resolve(args.device)
         if args.streams < 1 or args.seconds * protocol.FRAME_RATE < 1:
             raise devices.BadInput("padding needs --streams >= 1 and a frame of --seconds")
-        model = _load(args.model, device)
+        model = devices.load_model(args.model, device)
     except devices.BadInput as exc:
         print(f"asrpool bench padding: {exc}", file=sys.stderr)
         return 2
@@ -151,10 +151,3 @@ def main(argv: list[str]) -> int:
           f" {result['max_last_differing_code_step']}); text tokens differ in"
           f" {result['streams_with_text_differences']} -> {path}")
     return 0
-
-
-def _load(name: str, device: torch.device) -> models.LoadedModel:
-    try:
-        return models.load_model(name, device=device, dtype=models.default_dtype(device))
-    except models.ModelError as exc:
-        raise devices.BadInput(str(exc)) from exc
