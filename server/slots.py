@@ -54,6 +54,10 @@ class _SlotInput:
         self.arrivals.clear()
 
     def pop_frame(self) -> NDArray[np.float32]:
+        self.samples -= FRAME_SIZE
+        self.frames_taken += 1
+        if self.offset == 0 and len(self.chunks[0]) == FRAME_SIZE:  # a frame as sent
+            return self.chunks.popleft()
         frame = np.empty(FRAME_SIZE, dtype=np.float32)
         filled = 0
         while filled < FRAME_SIZE:
@@ -65,8 +69,6 @@ class _SlotInput:
             if self.offset == len(chunk):
                 self.chunks.popleft()
                 self.offset = 0
-        self.samples -= FRAME_SIZE
-        self.frames_taken += 1
         return frame
 
     def frame_arrival(self) -> float:
@@ -210,9 +212,12 @@ class SlotBuffers:
             if state.needs_reset:
                 resets.append(slot)
                 state.needs_reset = False
-            restarts.extend([slot] * state.take_inits())
-            markers.extend((slot, mid, due - state.frames_taken) for mid, due in state.markers)
-            state.markers.clear()
+            if state.inits:
+                restarts.extend([slot] * state.take_inits())
+            if state.markers:
+                markers.extend((slot, mid, due - state.frames_taken)
+                               for mid, due in state.markers)
+                state.markers.clear()
             if state.samples >= FRAME_SIZE:
                 arrivals[slot] = state.frame_arrival()
                 frames[slot] = state.pop_frame()

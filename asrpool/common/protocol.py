@@ -250,8 +250,11 @@ def _pcm(value: Any) -> NDArray[np.float32]:
 
 def _checked_pcm(raw: NDArray[Any]) -> NDArray[np.float32]:
     """Numbers as float32 samples, refused (``bad_audio``) when they cannot be audio."""
-    with np.errstate(over="ignore"):  # a float beyond float32's range: checked on raw
-        pcm = raw.astype(np.float32, copy=False)  # raw is always a fresh array
+    if raw.dtype == np.float32:  # as Kyutai's clients send: no cast (raw is a fresh array)
+        pcm = raw
+    else:
+        with np.errstate(over="ignore"):  # a float beyond float32's range: checked on raw
+            pcm = raw.astype(np.float32)
     problem = sample_problem(raw if raw.dtype.kind == "f" else pcm)
     if problem is not None:
         raise ProtocolError(f"'pcm' {problem}", ErrorCode.BAD_AUDIO)
@@ -294,12 +297,13 @@ def _float_array(data: bytes, start: int, end: int) -> NDArray[np.floating[Any]]
         count, start = int.from_bytes(data[start + 1:start + 5], "big"), start + 5
     else:
         return None
-    element = _TAGGED_FLOATS.get(data[start]) if count and start < end else None
+    tag = data[start] if count and start < end else None
+    element = None if tag is None else _TAGGED_FLOATS.get(tag)
     if element is None or end - start != count * element.itemsize:
         return None
-    tagged = np.frombuffer(data, dtype=element, count=count, offset=start)
-    if not (tagged["tag"] == data[start]).all():
+    if data[start:end:element.itemsize].count(tag) != count:  # every element's tag
         return None
+    tagged = np.frombuffer(data, dtype=element, count=count, offset=start)
     values: NDArray[np.floating[Any]] = tagged["value"].astype(
         tagged.dtype["value"].newbyteorder("="))
     return values
@@ -310,13 +314,13 @@ def sample_problem(pcm: NDArray[np.floating[Any]]) -> str | None:
     or None: the one check every way audio comes in (frames, Opus, files) goes through."""
     if pcm.size == 0:
         return None
+    peak = float(np.abs(pcm).max())  # NaN if any sample is NaN: one pass for good audio
+    if peak <= MAX_AMPLITUDE:
+        return None
     if not np.isfinite(pcm).all():
         return "contains NaN or infinite samples"
-    peak = float(np.abs(pcm).max())
-    if peak > MAX_AMPLITUDE:
-        return (f"has a sample of amplitude {peak:.3g}, over the limit of "
-                f"{MAX_AMPLITUDE:g} (samples are floats in -1..1)")
-    return None
+    return (f"has a sample of amplitude {peak:.3g}, over the limit of "
+            f"{MAX_AMPLITUDE:g} (samples are floats in -1..1)")
 
 
 def _opus_data(value: Any) -> bytes:
