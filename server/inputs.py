@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import zlib
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,25 +24,18 @@ _MAX_PAGE = _PAGE_HEADER + 255 + 255 * 255
 _CANDIDATES = 4
 
 
-def _crc_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte << 24
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x04C11DB7 if crc & 0x80000000 else crc << 1) & 0xFFFFFFFF
-        table.append(crc)
-    return table
-
-
-_CRC_TABLE = _crc_table()
+# Ogg's CRC is CRC-32 with the polynomial 0x04c11db7 fed most significant bit first,
+# no initial value and no final xor. zlib's CRC-32 (the same polynomial, bits reflected,
+# 0xffffffff in and out) computes it in C: feed it every byte's bits reversed, undo the
+# initial value by linearity (the CRC of as many zero bytes), and reverse the result.
+_REVERSED_BITS = bytes(int(f"{byte:08b}"[::-1], 2) for byte in range(256))
 
 
 def ogg_crc(page: bytes) -> int:
-    """Ogg's CRC-32 (polynomial 0x04c11db7, not reflected) of a page, its CRC field zeroed."""
-    crc = 0
-    for byte in page[:_CRC_AT] + b"\0\0\0\0" + page[_CRC_AT + 4:]:
-        crc = ((crc << 8) & 0xFFFFFFFF) ^ _CRC_TABLE[(crc >> 24) ^ byte]
-    return crc
+    """Ogg's CRC-32 of a page, its CRC field zeroed."""
+    data = page[:_CRC_AT] + b"\0\0\0\0" + page[_CRC_AT + 4:]
+    reflected = zlib.crc32(data.translate(_REVERSED_BITS)) ^ zlib.crc32(bytes(len(data)))
+    return int(f"{reflected:032b}"[::-1], 2)
 
 
 def _bad(message: str) -> protocol.ProtocolError:

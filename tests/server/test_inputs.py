@@ -33,6 +33,24 @@ def test_our_crc_agrees_with_libogg() -> None:
     assert all(int.from_bytes(p[22:26], "little") == inputs.ogg_crc(p) for p in pages)
 
 
+def _bitwise_ogg_crc(page: bytes) -> int:
+    """Ogg's CRC the plain way, a bit at a time (the reference for the zlib-based one)."""
+    crc = 0
+    for byte in page[:22] + bytes(4) + page[26:]:
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7 if crc & 0x80000000 else crc << 1) & 0xFFFFFFFF
+    return crc
+
+
+@pytest.mark.parametrize("size", [26, 27, 28, 300, 65_307])
+def test_our_crc_agrees_with_the_bitwise_definition(size: int) -> None:
+    rng = np.random.default_rng(size)
+    for _ in range(5):
+        page = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert inputs.ogg_crc(page) == _bitwise_ogg_crc(page)
+
+
 @pytest.mark.parametrize("size", [1, 37, 1000])
 def test_pages_split_anywhere_decode_as_whole_pages(size: int) -> None:
     pages = _pages()
