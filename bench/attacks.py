@@ -8,12 +8,15 @@ reports what the server answered. Blocking sockets: each attack is one thread.
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
 import os
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -133,3 +136,19 @@ def status_of(answer: bytes) -> int | None:
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.1"):
         return None
     return int(parts[1])
+
+
+def in_threads(count: int, attack: Callable[[], Any]) -> list[Any]:
+    """``attack`` run ``count`` times at once, one thread each; what each returned."""
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(attack())) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def counted(values: list[Any]) -> dict[str, int]:
+    """How often each value came, keyed by its text (for a JSON report)."""
+    return {str(k): v for k, v in collections.Counter(values).items()}

@@ -26,7 +26,13 @@ with the ``baseline`` phase). Attacks (``bench/attacks.py``):
 - ``fuzz``: random and mutated MessagePack frames (random bytes, random MessagePack
   trees, valid messages with flipped, cut, inserted bytes or swapped fields), one
   connection after another: each frame the pod's decoder refuses must end its stream
-  with an ``Error`` (``unrefused`` counts those that did not).
+  with an ``Error`` (``unrefused`` counts those that did not);
+- ``upload_bomb``, ``opus_bomb``, ``abandoned_upload``, ``slow_body``: a little input
+  that would cost a lot (``bench/upload_attacks.py``): Opus declaring hours, posted or
+  in one websocket message; uploads whose clients leave; bodies that stall or trickle.
+
+Every phase also reports how far the pod's and the router's resident memory rose above
+where the phase began (``memory_growth_mib``, sampled every 100 ms).
 
 Between phases the soak waits until the neighbour is back to its baseline (its last
 frames answered within twice the baseline's p99, nothing older waiting): a phase's
@@ -59,14 +65,14 @@ import numpy as np
 import websockets
 from websockets.asyncio import client as ws_client
 
-from asrpool.bench import attacks, stats
+from asrpool.bench import attacks, stats, upload_attacks
 from asrpool.client import local
 from asrpool.common import processes, protocol, redis_clients
 from asrpool.router import frames, keys
 
 FRAME_S = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
 ATTACKS = ("non_reader", "header_flood", "query_flood", "half_open", "tiny_frames", "markers",
-           "churn", "fuzz")
+           "churn", "fuzz", "upload_bomb", "opus_bomb", "abandoned_upload", "slow_body")
 AUDIO = msgpack.packb({"type": "Audio", "pcm": [0.0] * protocol.FRAME_SIZE},
                       use_single_float=True)
 
@@ -99,8 +105,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the pod's and router's (their default)")
     parser.add_argument("--attacks", default=",".join(ATTACKS),
                         help="comma-separated, of: " + ", ".join(ATTACKS))
+    upload_attacks.add_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--name", default="soak", help="of the JSON written in --out")
     return parser.parse_args(argv)
 
 
@@ -199,10 +207,10 @@ def header_floods(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
     head = (b"GET /api/asr-streaming HTTP/1.1\r\nHost: x\r\nX-Filler: "
             + b"a" * (opts.head_mib << 20))
     rss = proc_rss(target.pid)
-    statuses = _in_threads(opts.header_floods, lambda: attacks.status_of(
+    statuses = attacks.in_threads(opts.header_floods, lambda: attacks.status_of(
         attacks.exchange(target.address, head, 30)))
     return {"tried": opts.header_floods, "bytes_each": len(head),
-            "statuses": _counted(statuses), "survived": _alive(target),
+            "statuses": attacks.counted(statuses), "survived": _alive(target),
             "rss_growth_mib": round((proc_rss(target.pid) - rss) / 2**20, 1)}
 
 
@@ -213,7 +221,7 @@ def query_floods(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
     statuses = [attacks.status_of(attacks.exchange(target.address, request, 30))
                 for _ in range(opts.query_floods)]
     used = proc_cpu_seconds(target.pid) - cpu
-    return {"tried": opts.query_floods, "statuses": _counted(statuses),
+    return {"tried": opts.query_floods, "statuses": attacks.counted(statuses),
             "survived": _alive(target),
             "target_cpu_s_per_flood": round(used / max(1, opts.query_floods), 3)}
 
@@ -237,22 +245,8 @@ def half_open(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
         except OSError:
             statuses.append(None)
         sock.close()
-    return {"tried": len(socks), "connections_held": held, "statuses": _counted(statuses),
+    return {"tried": len(socks), "connections_held": held, "statuses": attacks.counted(statuses),
             "after_s": opts.handshake_timeout_seconds + 2.0, "survived": _alive(target)}
-
-
-def _in_threads(count: int, attack: Callable[[], Any]) -> list[Any]:
-    results: list[Any] = []
-    threads = [threading.Thread(target=lambda: results.append(attack())) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
-def _counted(values: list[Any]) -> dict[str, int]:
-    return {str(k): v for k, v in collections.Counter(values).items()}
 
 
 def _alive(target: Target) -> bool:
@@ -486,13 +480,40 @@ async def _until_closed(reader: asyncio.StreamReader) -> tuple[bool, list[str]]:
 # The run
 
 
-async def phase(name: str, neighbour: Neighbour, attack: Callable[[], Any]) -> dict[str, Any]:
+class MemoryWatch:
+    """The largest rise of each process's resident memory while it runs (MiB)."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 0.1) -> None:
+        self.pids, self.interval = pids, interval
+        self.start = {name: proc_rss(pid) for name, pid in pids.items()}
+        self.peak = dict(self.start)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], proc_rss(pid))
+
+    def growth_mib(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {name: round((self.peak[name] - self.start[name]) / 2**20, 1)
+                for name in self.pids}
+
+
+async def phase(name: str, neighbour: Neighbour, attack: Callable[[], Any],
+                pids: dict[str, int]) -> dict[str, Any]:
     neighbour.take()
     started = time.monotonic()
+    watch = MemoryWatch(pids)
     result = await attack()
+    growth = watch.growth_mib()
     print(f"{name}: {json.dumps(result)}", flush=True)
     return {"attack": name, "seconds": round(time.monotonic() - started, 1), "result": result,
-            "neighbour": stats.percentiles(neighbour.take(), digits=2)}
+            "neighbour": stats.percentiles(neighbour.take(), digits=2),
+            "memory_growth_mib": growth}
 
 
 async def settle(neighbour: Neighbour, threshold: float, timeout: float) -> float:
@@ -503,7 +524,7 @@ async def settle(neighbour: Neighbour, threshold: float, timeout: float) -> floa
     return round(time.monotonic() - started, 1)
 
 
-def attacks_of(target: Target, opts: argparse.Namespace, rng: random.Random
+def attacks_of(target: Target, pod: Target, opts: argparse.Namespace, rng: random.Random
                ) -> list[tuple[str, Callable[[], Any]]]:
     one_sample = msgpack.packb({"type": "Audio", "pcm": [0.0]}, use_single_float=True)
     marker = msgpack.packb({"type": "Marker", "id": 1})
@@ -518,6 +539,12 @@ def attacks_of(target: Target, opts: argparse.Namespace, rng: random.Random
         ("markers", lambda: flood(target, marker, opts.flood_messages)),
         ("churn", lambda: churn(target, opts)),
         ("fuzz", lambda: fuzz(target, frames, opts.fuzz_workers)),
+        ("upload_bomb", lambda: asyncio.to_thread(
+            upload_attacks.upload_bombs, target.address, opts)),
+        ("opus_bomb", lambda: upload_attacks.opus_stream_bomb(target.ws_url, opts)),
+        ("abandoned_upload", lambda: asyncio.to_thread(
+            upload_attacks.abandoned_uploads, target.address, opts, lambda: used_slots(pod))),
+        ("slow_body", lambda: asyncio.to_thread(upload_attacks.slow_bodies, target.address, opts)),
     ] if name in chosen]
 
 
@@ -556,16 +583,17 @@ async def soak(plat: local.LocalPlatform, targets: list[Target],
     neighbour = Neighbour(plat.router_url + protocol.STREAMING_PATH)
     stop = asyncio.Event()
     running = asyncio.create_task(neighbour.run(stop))
+    pids = {target.name: target.pid for target in targets}
     phases = [await phase("baseline", neighbour,
-                          lambda: asyncio.sleep(opts.baseline_seconds, {}))]
+                          lambda: asyncio.sleep(opts.baseline_seconds, {}), pids)]
     threshold = max(0.2, 2 * phases[0]["neighbour"].get("p99_ms", 100) / 1e3)
     rng = random.Random(opts.seed)
     for target in targets:
-        for name, attack in attacks_of(target, opts, rng):
+        for name, attack in attacks_of(target, targets[0], opts, rng):
             await asyncio.to_thread(wait_used, targets[0], 1)  # the neighbour's slot alone
             settled = await settle(neighbour, threshold, opts.settle_seconds)
             phases.append({"target": target.name, "settle_s": settled} | await phase(
-                f"{name}@{target.name}", neighbour, attack))
+                f"{name}@{target.name}", neighbour, attack, pids))
     stop.set()
     await running
     return {"phases": phases, "neighbour_errors": neighbour.errors,
@@ -592,6 +620,7 @@ def platform_environment(opts: argparse.Namespace) -> Iterator[None]:
                         ("HANDSHAKE_TIMEOUT_S", opts.handshake_timeout_seconds),
                         ("SEND_TIMEOUT_SECONDS", opts.send_timeout_seconds),
                         ("SEND_TIMEOUT_S", opts.send_timeout_seconds),
+                        ("BODY_TIMEOUT_SECONDS", opts.body_timeout_seconds),
                         ("NEW_STREAMS_PER_SECOND", opts.new_streams_per_second)):
         if value is not None:
             values[f"ASRPOOL_{name}"] = str(value)
@@ -617,7 +646,7 @@ def main(argv: list[str]) -> int:
         result |= leaks(plat, targets[0])
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
               "settings": vars(opts), "seconds": round(time.monotonic() - started, 1)} | result
-    path = Path(opts.out) / "soak.json"
+    path = Path(opts.out) / f"{opts.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     print(f"slots leaked {result['slots_leaked']}, sessions leaked "

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 import sphn
 
+from asrpool.bench import oggfiles
 from asrpool.common import audio, oggopus
 from asrpool.server import decoding
-from tests.support import kyutai_client, oggfiles, servers, streams
+from tests.support import kyutai_client, servers, streams
 
 MAX_SECONDS = 600.0
 BODY_TIMEOUT = 1.5

@@ -1,5 +1,5 @@
 """Ogg Opus files built packet by packet, for inputs no encoder would write (a few
-bytes that declare long audio)."""
+bytes that declare long audio): the upload tests and ``asrpool bench soak``'s bombs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ from collections.abc import Sequence
 from asrpool.server import inputs
 
 SERIAL = 0x5EED
-# A 2-byte packet of six empty 20 ms CELT frames (TOC config 31, code 3, CBR): 120 ms.
-EMPTY_120_MS = bytes([31 << 3 | 3, 6])
+FRAME_20_MS = 960  # samples at 48 kHz
+
+
+def empty_packet(frames: int) -> bytes:
+    """A 2-byte packet of ``frames`` empty 20 ms CELT frames (TOC config 31, code 3, CBR)."""
+    return bytes([31 << 3 | 3, frames])
+
+
+EMPTY_120_MS = empty_packet(6)
 OPUS_HEAD = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 312, 24_000, 0, 0)
 OPUS_TAGS = b"OpusTags" + struct.pack("<I", 7) + b"asrpool" + struct.pack("<I", 0)
 
@@ -25,11 +32,12 @@ def page(packets: Sequence[bytes], sequence: int, granule: int, flags: int = 0) 
     return raw[:22] + struct.pack("<I", crc) + raw[26:]
 
 
-def opus_file(audio_packets: Sequence[bytes], samples_per_packet: int) -> bytes:
-    """OpusHead, OpusTags, then the packets 255 to a page (granules at 48 kHz)."""
+def opus_file(audio_packets: Sequence[bytes], samples_per_packet: int,
+              per_page: int = 255) -> bytes:
+    """OpusHead, OpusTags, then the packets ``per_page`` to a page (granules at 48 kHz)."""
     pages = [page([OPUS_HEAD], 0, 0, flags=2), page([OPUS_TAGS], 1, 0)]
-    for start in range(0, len(audio_packets), 255):
-        chunk = audio_packets[start:start + 255]
+    for start in range(0, len(audio_packets), per_page):
+        chunk = audio_packets[start:start + per_page]
         last = start + len(chunk) >= len(audio_packets)
         granule = (start + len(chunk)) * samples_per_packet
         pages.append(page(chunk, len(pages), granule, flags=4 if last else 0))
