@@ -297,8 +297,10 @@ def _float_array(data: bytes, start: int, end: int) -> NDArray[np.floating[Any]]
         count, start = int.from_bytes(data[start + 1:start + 5], "big"), start + 5
     else:
         return None
-    tag = data[start] if count and start < end else None
-    element = None if tag is None else _TAGGED_FLOATS.get(tag)
+    if not count or start >= end:
+        return None
+    tag = data[start]
+    element = _TAGGED_FLOATS.get(tag)
     if element is None or end - start != count * element.itemsize:
         return None
     if data[start:end:element.itemsize].count(tag) != count:  # every element's tag
