@@ -303,7 +303,7 @@ def _float_array(data: bytes, start: int, end: int) -> NDArray[np.floating[Any]]
     element = _TAGGED_FLOATS.get(tag)
     if element is None or end - start != count * element.itemsize:
         return None
-    if data[start:end:element.itemsize].count(tag) != count:  # every element's tag
+    if data[start:end:element.itemsize] != bytes((tag,)) * count:  # every element's tag
         return None
     tagged = np.frombuffer(data, dtype=element, count=count, offset=start)
     values: NDArray[np.floating[Any]] = tagged["value"].astype(
