@@ -5,11 +5,12 @@ event loop (its heartbeat with it) for as long as the file takes; and a few KB o
 compressed silence can decode to hours. So each upload is decoded by its own short-lived
 ``python -m asrpool.server.decoding``: the body on its standard input, raw float32
 samples (24 kHz mono) on its standard output. The child limits its own address space
-(``RLIMIT_AS``) and makes itself the first process the kernel's OOM killer takes (so
-a pod's memory limit never costs it the server) before it reads anything, decodes no
-further than ``max_seconds`` (:func:`asrpool.common.audio.decode_audio_bytes`), and is
-killed at the deadline. Its exit code says what went wrong; whatever happens to it is
-that request's answer (400, 413 or 500), never the pod's.
+(``RLIMIT_AS``), makes itself the first process the kernel's OOM killer takes (so a
+pod's memory limit never costs it the server) and lowers its own priority (so the
+engine keeps the CPU) before it reads anything, decodes no further than ``max_seconds``
+(:func:`asrpool.common.audio.decode_audio_bytes`), and is killed at the deadline. Its
+exit code says what went wrong; whatever happens to it is that request's answer (400,
+413 or 500), never the pod's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+NICENESS = 10  # the child's scheduling priority, below the pod's
 NOT_AUDIO = 2  # exit codes of the child, each with its reason on standard error
 TOO_LONG = 3
 OUT_OF_MEMORY = 4
@@ -92,6 +94,7 @@ def main(argv: list[str]) -> int:
     max_seconds, memory_bytes = float(argv[0]), int(argv[1])
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     _first_to_go()
+    _behind_the_pod()
     from asrpool.common import audio
 
     try:
@@ -109,6 +112,12 @@ def main(argv: list[str]) -> int:
         print(_memory_reason(limits), file=sys.stderr)
         return OUT_OF_MEMORY
     return 0
+
+
+def _behind_the_pod() -> None:
+    """Every upload's decode yields the CPU to the pod's engine and event loop: a
+    few bombs decoding at once on a small node would otherwise slow every stream."""
+    os.nice(NICENESS - os.nice(0))
 
 
 def _first_to_go() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import io
+import os
 import socket
 import time
 import wave
@@ -226,6 +227,16 @@ def test_a_body_trickling_under_the_minimum_pace_is_408(
     answer = _slow_post(upload_server, [b"x" * 100] * 40, 0.25)
     assert answer.startswith("HTTP/1.1 408"), answer
     assert "under the minimum of 100000 (min_body_bytes_per_second)" in answer
+
+
+def test_the_decoding_child_yields_the_cpu_to_the_pod() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; from asrpool.server import "
+                           "decoding; decoding._behind_the_pod(); print(os.nice(0))"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    assert int(done.stdout) == decoding.NICENESS > os.nice(0)
 
 
 def test_the_decoding_child_is_the_first_the_oom_killer_takes() -> None:
