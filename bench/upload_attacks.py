@@ -2,7 +2,7 @@
 
 - ``upload_bomb``: POSTed Ogg Opus files of empty 120 ms packets, under 1 MB each, that
   declare hours of audio (refused with 413 before they are decoded);
-- ``opus_bomb``: the same hours in one ``OggOpus`` websocket message of 40 ms packets
+- ``opus_bomb``: the same hours in one ``OggOpus`` websocket message, in pages of 4.8 s
   (decoded only as far as the slot's buffer has room), held open for a while, closed;
 - ``abandoned_upload``: POSTs of minutes of audio whose clients go away once the pod
   has taken a slot for them (the slot must come back at once, at pod and router);
@@ -154,8 +154,8 @@ def _trickle(target: tuple[str, int], head: bytes, pieces: list[bytes],
 
 async def opus_stream_bomb(url: str, opts: argparse.Namespace) -> dict[str, Any]:
     """One message declaring hours, the stream then held open and read."""
-    # A stream's decoder (sphn's) refuses packets over 40 ms and pages over about 5 s.
-    data = opus_bomb(opts.bomb_hours, frames=2, per_page=100)
+    # A stream's decoder (sphn's) refuses a page of more than about 5 s of audio.
+    data = opus_bomb(opts.bomb_hours, per_page=40)
     message = msgpack.packb({"type": "OggOpus", "data": data}, use_bin_type=True)
     steps, errors = 0, []
     async with ws_client.connect(url, max_size=None, compression=None) as ws:

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from asrpool.common import protocol
-from asrpool.server import metrics, outcomes, sessions, settings, slots
+from asrpool.server import inputs, metrics, opuslanes, outcomes, sessions, settings, slots
 
 _DECODE_IN_LOOP = 64 << 10  # larger OggOpus messages are decoded in a thread
 
@@ -22,13 +22,15 @@ _DECODE_IN_LOOP = 64 << 10  # larger OggOpus messages are decoded in a thread
 class Handle:
     def __init__(self, stream: sessions.Stream, streams: sessions.Sessions,
                  buffers: slots.SlotBuffers, meters: metrics.ServerMetrics,
-                 config: settings.ServerSettings) -> None:
+                 config: settings.ServerSettings,
+                 lanes: opuslanes.OpusLanes | None = None) -> None:
         self._stream = stream
         self._sessions = streams
         self._buffers = buffers
         self._meters = meters
         self._cap = config.max_buffer_samples
         self._max_markers = config.max_pending_markers
+        self._lanes = lanes
 
     @property
     def session_id(self) -> str:
@@ -69,6 +71,9 @@ class Handle:
         """Decoded only as far as the slot's buffer has room; the rest waits, still
         encoded, for room (the connection is not read meanwhile, as for PCM)."""
         opus = self._stream.input.opus_decoder()
+        if self._lanes is not None:
+            await self._queue_opus(opus, data, self._lanes.lane(self._stream.slot))
+            return
         while True:
             room = max(self._cap - self.buffered(), 0)
             if len(data) + opus.pending > _DECODE_IN_LOOP:
@@ -83,6 +88,26 @@ class Handle:
             data = b""
             await self.room()
 
+    async def _queue_opus(self, opus: inputs.OpusDecoder, data: bytes,
+                          lane: opuslanes.Lane) -> None:
+        """Handed to the slot's lane as far as the buffer has room (each page counts as
+        buffered from now on); the rest waits, still encoded, for room."""
+        opus.take(data)
+        stream = self._stream
+        while True:
+            room = max(self._cap - self.buffered(), 0)
+            for page, declared in opus.next_pages(room):
+                lane.send_page(stream.slot, stream.generation, page, declared)
+            if not opus.pending:
+                return
+            await self.room()
+
+    def _lane_of_opus(self) -> opuslanes.Lane | None:
+        """The lane an Opus stream's markers and Inits go through (behind its pages)."""
+        if self._lanes is None or self._stream.input.kind != "OggOpus":
+            return None
+        return self._lanes.lane(self._stream.slot)
+
     def push_marker(self, marker_id: int) -> None:
         stream = self._stream
         if stream.markers_waiting >= self._max_markers:
@@ -91,13 +116,21 @@ class Handle:
                 f"{self._max_markers} may (send audio after a marker)",
                 protocol.ErrorCode.TOO_MANY_MARKERS)
         stream.markers_waiting += 1
-        self._buffers.push_marker(stream.slot, marker_id)
+        lane = self._lane_of_opus()
+        if lane is not None:
+            lane.send_marker(stream.slot, stream.generation, marker_id)
+        else:
+            self._buffers.push_marker(stream.slot, marker_id)
 
     def push_audio(self, pcm: NDArray[np.float32]) -> None:
         self._buffers.push_audio(self._stream.slot, pcm)
 
     def restart(self) -> None:
-        self._sessions.restart(self._stream)
+        lane = self._lane_of_opus()
+        if lane is not None:
+            lane.send_init(self._stream.slot, self._stream.generation)
+        else:
+            self._sessions.restart(self._stream)
 
     async def room(self) -> None:
         """Backpressure: return once the slot's buffer is under its cap."""

@@ -133,6 +133,11 @@ class OpusDecoder:
     def decode(self, data: bytes, room: int | None = None) -> NDArray[np.float32]:
         """Decode ``data`` and the pages waiting before it: all of them, or (``room``
         samples given) whole pages until they fill the room, one page at least."""
+        self.take(data)
+        return self._decode_pages([page for page, _ in self.next_pages(room)])
+
+    def take(self, data: bytes) -> None:
+        """Frame ``data`` into whole checked pages, which wait (still encoded)."""
         first = self._pages.count == 0
         pages = self._pages.feed(data)
         if first and pages:
@@ -140,23 +145,27 @@ class OpusDecoder:
         for page in pages:
             self._waiting.append(page)
             self.pending += len(page)
-        return self._decode_waiting(room)
 
-    def _decode_waiting(self, room: int | None) -> NDArray[np.float32]:
-        pcm: list[NDArray[np.float32]] = []
-        decoded = 0
+    def next_pages(self, room: int | None) -> list[tuple[bytes, int]]:
+        """The waiting pages due now, each with the samples at 24 kHz it declares: all of
+        them, or whole pages until they fill ``room`` samples, one page at least."""
+        due: list[tuple[bytes, int]] = []
+        declared = 0
         while self._waiting:
             samples = self._head_samples()
-            if room is not None and decoded and decoded + samples > room:
+            if room is not None and declared and declared + samples > room:
                 break
             page = self._waiting.popleft()
             self._head = None
             self.pending -= len(page)
-            pcm.append(self._decode_page(page))
-            decoded += samples
-        if not pcm:
+            due.append((page, samples))
+            declared += samples
+        return due
+
+    def _decode_pages(self, pages: list[bytes]) -> NDArray[np.float32]:
+        if not pages:
             return np.zeros(0, dtype=np.float32)
-        out = np.concatenate(pcm)
+        out = np.concatenate([self._decode_page(page) for page in pages])
         problem = protocol.sample_problem(out)
         if problem is not None:
             raise _bad(f"decoded Ogg Opus audio {problem}")

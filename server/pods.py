@@ -22,6 +22,7 @@ from asrpool.server import (
     handles,
     heartbeat,
     metrics,
+    opuslanes,
     outcomes,
     sessions,
     settings,
@@ -68,6 +69,7 @@ class Pod:
                                                config.new_streams_burst)
                              if config.new_streams_per_second else None)
         self._engine: engine_loop.EngineLoop | None = None
+        self.lanes: opuslanes.OpusLanes | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.slots_total.set(config.batch_size)
         self.metrics.slots_free.set(config.batch_size)
@@ -90,6 +92,9 @@ class Pod:
             self.deps.engine_factory, self.buffers, loop, self._on_output, self._on_ready,
             self._on_failure, self.settings.warmup_steps)
         self._engine.start()
+        if self.settings.opus_workers:
+            self.lanes = opuslanes.OpusLanes(self.settings.opus_workers, self.buffers, loop,
+                                             self._opus_failed)
         if self.deps.redis is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
 
@@ -105,6 +110,8 @@ class Pod:
             await self.deps.redis.aclose()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.stop)
+        if self.lanes is not None:
+            await asyncio.to_thread(self.lanes.close)
 
     def begin_drain(self) -> bool:
         """Stop taking streams now; False if the pod was not serving (nothing to drain)."""
@@ -195,7 +202,8 @@ class Pod:
         return self._handle(stream)
 
     def _handle(self, stream: sessions.Stream) -> handles.Handle:
-        return handles.Handle(stream, self.sessions, self.buffers, self.metrics, self.settings)
+        return handles.Handle(stream, self.sessions, self.buffers, self.metrics, self.settings,
+                              self.lanes)
 
     def count_error(self, code: protocol.ErrorCode) -> None:
         self.metrics.errors.labels(code).inc()
@@ -242,6 +250,17 @@ class Pod:
         for lag in output.lags.values():
             m.step_lag.observe(lag)
         m.buffered_audio.set(self.buffers.buffered_total() / protocol.SAMPLE_RATE)
+
+    def _opus_failed(self, slot: int, generation: int, reason: str) -> None:
+        """An Opus lane could not decode a stream's page: that stream ends (bad_audio)."""
+        stream = self.sessions.in_slot(slot, generation)
+        if stream is None:
+            return
+        failed = outcomes.Failed(reason, protocol.ErrorCode.BAD_AUDIO)
+        if stream.attached:
+            stream.end_connection(failed)
+        else:
+            self.sessions.close(stream)
 
     def _slots_changed(self) -> None:
         self.metrics.slots_free.set(self.sessions.total - self.sessions.used)

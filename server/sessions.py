@@ -99,6 +99,11 @@ class Sessions:
     def streams(self) -> list[Stream]:
         return list(self._streams.values())
 
+    def in_slot(self, slot: int, generation: int) -> Stream | None:
+        """The stream of that generation in the slot, if it is still there."""
+        stream = self._streams.get(slot)
+        return stream if stream is not None and stream.generation == generation else None
+
     def open(self, resumable: bool = False) -> Stream | None:
         """A new stream in the lowest free slot, or None when all are taken."""
         free = next((s for s in range(self.total) if s not in self._streams), None)

@@ -102,6 +102,11 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         " 0: any number)")
     new_streams_burst: float = pydantic.Field(
         default=100.0, ge=1, description="new streams the process may save up")
+    # OggOpus decoding beside the event loop (server.opuslanes): sphn holds the GIL for
+    # some 50 us per 40 ms page, which one event loop pays for every stream otherwise.
+    opus_workers: int = pydantic.Field(
+        default=0, ge=0, le=64, description="child processes decoding streams' OggOpus "
+        "(0: on the event loop)")
     warmup_steps: int = pydantic.Field(
         default=2, ge=0, description="engine steps run before the pod is ready")
 

@@ -38,6 +38,7 @@ class _SlotInput:
         default_factory=collections.deque)
     offset: int = 0  # samples of chunks[0] already taken
     samples: int = 0  # buffered samples, not yet handed to the engine
+    promised: int = 0  # samples being decoded elsewhere (Opus lanes), at most this many
     received: int = 0  # samples received since the stream (generation) began
     frames_taken: int = 0  # frames handed to the engine since the stream began
     markers: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (id, frame no.)
@@ -48,7 +49,7 @@ class _SlotInput:
     def clear(self) -> None:
         self.generation += 1
         self.chunks.clear()
-        self.offset = self.samples = self.received = self.frames_taken = 0
+        self.offset = self.samples = self.promised = self.received = self.frames_taken = 0
         self.markers.clear()
         self.inits.clear()
         self.arrivals.clear()
@@ -126,11 +127,13 @@ class SlotBuffers:
             self._cond.notify()
             return state.generation
 
-    def restart(self, slot: int) -> None:
+    def restart(self, slot: int, generation: int | None = None) -> None:
         """``Init``: the engine resets the slot's model row once it has taken every whole
         frame buffered now, before the next one."""
         with self._cond:
             state = self._slots[slot]
+            if generation is not None and state.generation != generation:
+                return
             state.inits.append(state.frames_taken + state.samples // FRAME_SIZE)
             self._cond.notify()
 
@@ -142,11 +145,32 @@ class SlotBuffers:
             state.active = False
             state.needs_reset = False
 
-    def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
-        if not len(pcm):
-            return
+    def promise(self, slot: int, generation: int, samples: int) -> None:
+        """Up to ``samples`` of the stream's audio are being decoded elsewhere: they count
+        as buffered (backpressure, the results of received audio) until they come."""
         with self._cond:
             state = self._slots[slot]
+            if state.generation == generation:
+                state.promised += samples
+
+    def unpromise(self, slot: int, generation: int) -> None:
+        """What was promised will not come (its decoder failed)."""
+        with self._cond:
+            state = self._slots[slot]
+            if state.generation == generation:
+                state.promised = 0
+
+    def push_audio(self, slot: int, pcm: NDArray[np.float32], generation: int | None = None,
+                   promised: int = 0) -> None:
+        """Audio for the slot's stream: of ``generation`` only, if given (a decoder's late
+        answer never reaches the slot's next stream), in place of ``promised`` samples."""
+        with self._cond:
+            state = self._slots[slot]
+            if generation is not None and state.generation != generation:
+                return
+            state.promised = max(state.promised - promised, 0)
+            if not len(pcm):
+                return
             state.chunks.append(pcm)
             state.samples += len(pcm)
             state.received += len(pcm)
@@ -154,16 +178,24 @@ class SlotBuffers:
             if state.samples >= FRAME_SIZE:
                 self._cond.notify()
 
-    def push_marker(self, slot: int, marker_id: int) -> None:
+    def push_marker(self, slot: int, marker_id: int, generation: int | None = None) -> None:
         """Due after every full frame buffered now (the frame number, counted per stream)."""
         with self._cond:
             state = self._slots[slot]
+            if generation is not None and state.generation != generation:
+                return
             state.markers.append((marker_id, state.frames_taken + state.samples // FRAME_SIZE))
             self._cond.notify()
 
     def buffered(self, slot: int) -> int:
+        """Samples received and not yet taken by the engine, those promised included."""
         with self._cond:
-            return self._slots[slot].samples
+            state = self._slots[slot]
+            return state.samples + state.promised
+
+    def generation(self, slot: int) -> int:
+        with self._cond:
+            return self._slots[slot].generation
 
     def taken(self, slot: int) -> int:
         """Frames of the slot's stream handed to the engine so far."""

@@ -50,6 +50,9 @@ ALLOWED = {
     # The upload decoder: a one-shot child fed the body on its stdin and read from its
     # stdout under a deadline, in the event loop (asyncio's subprocess.run with input).
     ROOT / "server" / "decoding.py": {ASYNC_PROCESS},
+    # The Opus lanes: long-lived children fed on their stdin by a writer thread and read
+    # on their stdout by a reader thread, for the pod's whole life (no log file).
+    ROOT / "server" / "opuslanes.py": {POPEN},
     # tar streams an image into ctr's stdin, both ended within the call: a pipe between
     # two one-shot tools.
     ROOT / "asrpool" / "localcluster" / "containerd.py": {POPEN},

@@ -1,0 +1,189 @@
+"""OggOpus decoded by a pod's Opus lanes (``--opus-workers``): child processes beside the
+event loop. The words are those of the same pages decoded on the spot, markers and
+``Init`` keep their place behind the pages sent before them, an undecodable page ends
+its stream only, and a decoding child that dies ends its streams and is started again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asrpool.bench import oggfiles
+from asrpool.common import processes as asrpool_processes
+from asrpool.common import protocol
+from asrpool.server import opusworker, slots
+from tests.compat import clients
+from tests.server import reference
+from tests.support import kyutai_client, servers, streams
+
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def lanes_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    with servers.ServerProcess(tmp_path_factory.mktemp("lanes"), batch_size=BATCH, args=[
+            "--opus-workers", "2", "--resume-grace-seconds", "0"]) as pod:
+        pod.wait_ready()
+        yield pod
+
+
+class _Endpoint:
+    """What ``tests.compat.clients`` needs of an endpoint: a pod dialled directly."""
+
+    def __init__(self, pod: servers.ServerProcess) -> None:
+        self.ws_url, self.headers = pod.ws_url, {}
+
+
+def _opus_session(pod: servers.ServerProcess, pieces: list[list[bytes]],
+                  between: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    marker: list[dict[str, Any]] = [{"type": "Marker", "id": 0}]
+    messages = [*clients.opus_messages(pieces[0]), *between, *marker,
+                *clients.opus_messages(pieces[1])]
+    return asyncio.run(clients.session(_Endpoint(pod), messages))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("piece", [None, 37])
+def test_words_are_those_of_the_pages_decoded_on_the_spot(
+        lanes_pod: servers.ServerProcess, piece: int | None) -> None:
+    silence = np.zeros(3 * clients.SECOND, dtype=np.float32)
+    pages = clients.opus_pages(np.concatenate([streams.random_speechlike(2.0, seed=5),
+                                               silence, silence]))
+    cut = len(pages) * 2 // 3
+    head, tail = b"".join(pages[:cut]), b"".join(pages[cut:])
+    pieces = [pages[:cut], pages[cut:]] if piece is None else [
+        clients.split(head, piece), clients.split(tail, piece)]
+    as_audio = [{"type": "Audio", "pcm": pcm} for pcm in clients.decoded([*pieces[0],
+                                                                           *pieces[1]])]
+    expected = reference.words([*as_audio[:len(pieces[0])], {"type": "Marker", "id": 0},
+                                *as_audio[len(pieces[0]):]], BATCH)
+    got = _opus_session(lanes_pod, pieces, [])
+    assert kyutai_client.words(got) == expected and expected
+    lanes_pod.wait_idle()
+
+
+def test_a_marker_and_an_init_land_behind_the_pages_sent_before_them(
+        lanes_pod: servers.ServerProcess) -> None:
+    """Two seconds of pages, then Init and a marker: every Step of those pages comes
+    before the Ready, and the marker after them all."""
+    pages = clients.opus_pages(np.concatenate([streams.random_speechlike(2.0, seed=8),
+                                               np.zeros(4 * clients.SECOND, np.float32)]))
+    got = _opus_session(lanes_pod, [pages[:26], pages[26:]], [{"type": "Init"}])
+    kinds = [m["type"] for m in got]
+    assert kinds.count("Ready") == 1 and kinds[-1] == "Marker"
+    ready = kinds.index("Ready")
+    # 2 s of 40 ms pages after the headers: 25 frames stepped before the reset.
+    assert kinds[:ready].count("Step") >= 24
+    lanes_pod.wait_idle()
+
+
+def test_an_undecodable_page_ends_that_stream_only(lanes_pod: servers.ServerProcess) -> None:
+    """A page of 7.2 s passes the pod's checks but not the decoder (sphn's buffer holds
+    about 5 s); an Opus stream beside it keeps its words."""
+    bad = oggfiles.opus_file([oggfiles.empty_packet(6)] * 60, 6 * oggfiles.FRAME_20_MS,
+                             per_page=60)
+    pages = clients.opus_pages(np.concatenate([streams.random_speechlike(3.0, seed=2),
+                                               np.zeros(4 * clients.SECOND, np.float32)]))
+
+    async def both() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        neighbour = asyncio.create_task(clients.session(  # type: ignore[arg-type]
+            _Endpoint(lanes_pod), [*clients.opus_messages(pages[:76]),
+                                   {"type": "Marker", "id": 0},
+                                   *clients.opus_messages(pages[76:])]))
+        async with await kyutai_client.connect(lanes_pod.ws_url) as ws:
+            await kyutai_client.expect(ws, "Ready")
+            await ws.send(kyutai_client.pack({"type": "OggOpus", "data": bad}))
+            error = await kyutai_client.next_error(ws)
+        return error, await neighbour
+
+    error, neighbour = asyncio.run(both())
+    assert error["code"] == protocol.ErrorCode.BAD_AUDIO, error
+    assert "undecodable Ogg Opus data" in error["message"]
+    assert neighbour[-1]["type"] == "Marker"
+    assert not [m for m in neighbour if m["type"] == "Error"]
+    assert kyutai_client.words(neighbour)
+    lanes_pod.wait_idle()
+
+
+def test_a_dead_decoding_child_ends_its_streams_and_is_started_again(
+        lanes_pod: servers.ServerProcess) -> None:
+    children = _decoding_children(lanes_pod)
+    assert len(children) == 2
+    pages = clients.opus_pages(streams.random_speechlike(30.0, seed=3))
+
+    async def cut_off() -> dict[str, Any]:
+        async with await kyutai_client.connect(lanes_pod.ws_url) as ws:
+            await kyutai_client.expect(ws, "Ready")
+            for message in clients.opus_messages(pages[:10]):
+                await ws.send(kyutai_client.pack(message))
+            while (await kyutai_client.receive(ws))["type"] != "Step":
+                pass
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+            for message in clients.opus_messages(pages[10:]):
+                await ws.send(kyutai_client.pack(message))
+            return await kyutai_client.next_error(ws)
+
+    error = asyncio.run(cut_off())
+    assert error["code"] == protocol.ErrorCode.BAD_AUDIO, error
+    # Told by the dead child's reader, or by the new child's refusal of pages without
+    # their stream's head, whichever comes first.
+    assert error["message"] == "the Opus decoder of this stream failed" or \
+        error["message"].startswith("undecodable Ogg Opus data"), error
+    lanes_pod.wait_idle()
+    test_words_are_those_of_the_pages_decoded_on_the_spot(lanes_pod, None)
+    again = _decoding_children(lanes_pod)
+    assert len(again) == 2 and not set(again) & set(children)
+
+
+def _decoding_children(pod: servers.ServerProcess) -> list[int]:
+    found = []
+    for pid in asrpool_processes.descendants(pod.pid):
+        with contextlib.suppress(OSError):
+            if b"asrpool.server.opusworker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+# The parts, without a pod
+
+
+def test_the_child_decodes_as_the_pod_did_and_echoes_markers_in_place() -> None:
+    pages = clients.opus_pages(streams.random_speechlike(1.0, seed=1))
+    decoders = opusworker.Decoders()
+    out = b"".join(decoders.answer(opusworker.PAGE, 1, 7, page) for page in pages[:5])
+    out += decoders.answer(opusworker.MARKER, 1, 7, b"\x05" + bytes(7))
+    records = list(_records(out))
+    assert [kind for kind, *_ in records] == [opusworker.PCM] * 5 + [opusworker.MARKER]
+    pcm = np.concatenate([np.frombuffer(p, np.float32) for k, _, _, p in records
+                          if k == opusworker.PCM])
+    np.testing.assert_array_equal(pcm, np.concatenate(clients.decoded(pages[:5])))
+
+
+def test_a_late_answer_never_reaches_the_slots_next_stream() -> None:
+    buffers = slots.SlotBuffers(1)
+    old = buffers.start(0)
+    buffers.promise(0, old, 1920)
+    assert buffers.buffered(0) == 1920
+    new = buffers.start(0)
+    buffers.push_audio(0, np.ones(1920, np.float32), old, promised=1920)
+    assert buffers.buffered(0) == 0 and buffers.received(0) == 0
+    buffers.promise(0, new, 3840)
+    buffers.push_audio(0, np.ones(1920, np.float32), new, promised=3840)
+    assert buffers.buffered(0) == 1920
+
+
+def _records(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
+    at = 0
+    while at < len(data):
+        kind, slot, generation, length = opusworker.HEADER.unpack_from(data, at)
+        start = at + opusworker.HEADER.size
+        yield kind, slot, generation, data[start:start + length]
+        at = start + length
