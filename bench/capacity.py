@@ -20,9 +20,11 @@ it bounds the search. On CUDA the search runs with moshi's CUDA graphs on (as th
 server runs) and again with them off; on the CPU graphs do not apply.
 
 Beside the capacity, the host's and the engine's own ceilings at the capacity batch:
-80 ms over each one's time per stream (``host_us_per_stream``: the whole step less the
-engine's), and which of the two binds (the host's work grows with the streams, the
-engine's less than that on a GPU, so these are estimates from one batch).
+80 ms over each one's time per stream (``host_us_per_stream``: the pod process's CPU
+time in a step less the engine's, so that Opus decoded in lanes' children, which the
+step waits for, is not counted as the pod's; ``host_p50_ms`` is the wall-clock share),
+and which of the two binds (the host's work grows with the streams, the engine's less
+than that on a GPU, so these are estimates from one batch).
 
 Writes ``bench/results/capacity-<model>-<device>[-<input>].json`` (``streams_per_gpu``:
 the capacity found) and a PNG of step time against batch with the 80 ms line.
@@ -162,22 +164,27 @@ class PodStep:
         self.calls = 0
 
     def close(self) -> None:
+        self.intake.close()
         self.engine.close()
 
-    def __call__(self) -> tuple[float, float, float]:
-        """One step; seconds (whole, engine step, intake: decoding and buffering audio)."""
-        started = time.perf_counter()
+    def __call__(self) -> tuple[float, float, float, float]:
+        """One step; seconds (whole, engine step, intake: decoding and buffering audio,
+        and the process's CPU time less the engine's: its host work)."""
+        started, started_cpu = time.perf_counter(), time.process_time()
         self.intake.feed(self.buffers, self.calls)
         intake_s = time.perf_counter() - started
         taken = self.buffers.take()
         assert taken is not None
+        engine_cpu = time.process_time()
         output = engine_loop.run_batch(self.engine, taken)
+        engine_cpu = time.process_time() - engine_cpu
         self.sessions.deliver(output)
         for stream in self.streams:
             while stream.outbox:
                 stream.mark_sent()
         self.calls += 1
-        return time.perf_counter() - started, output.duration, intake_s
+        host_cpu = time.process_time() - started_cpu - engine_cpu
+        return time.perf_counter() - started, output.duration, intake_s, host_cpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +218,7 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
         row |= {"passed": False, "oom": True, "note": devices.first_line(exc)}
     else:
         row |= _timing_row(timings, settings.max_p99_ms)
-        row["host_us_per_stream"] = round(row["host_p50_ms"] * 1e3 / batch, 2)
+        row["host_us_per_stream"] = round(row["host_cpu_p50_ms"] * 1e3 / batch, 2)
     finally:
         if pod is not None:
             pod.close()
@@ -234,7 +241,7 @@ def trial_again_if_noisy(model: models.LoadedModel, batch: int, settings: TrialS
     return row | {"runs": len(runs), "p99_ms_of_runs": [r.get("step_p99_ms") for r in runs]}
 
 
-Timings = list[tuple[float, float, float]]  # (whole, engine step, intake) seconds
+Timings = list[tuple[float, float, float, float]]  # whole, engine, intake, host CPU (s)
 
 
 def _timed_steps(pod: PodStep, settings: TrialSettings) -> Timings:
@@ -258,6 +265,7 @@ def _timing_row(timings: Timings, max_p99_ms: float) -> dict[str, Any]:
             "step_max_ms": round(whole[-1], 3), "engine_p50_ms": round(model_ms, 3),
             "intake_p50_ms": round(intake_ms, 3),
             "host_p50_ms": round(p50 - model_ms, 3),
+            "host_cpu_p50_ms": round(statistics.median(t[3] for t in timings) * 1e3, 3),
             "realtime_factor_p50": round(FRAME_MS / p50, 3)}
 
 
@@ -444,7 +452,8 @@ def ceilings(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if row is None:
         return None
     batch = row["batch_size"]
-    host = FRAME_MS * batch / row["host_p50_ms"] if row["host_p50_ms"] > 0 else None
+    host_ms = row["host_cpu_p50_ms"]
+    host = FRAME_MS * batch / host_ms if host_ms > 0 else None
     engine_ = FRAME_MS * batch / row["engine_p50_ms"] if row["engine_p50_ms"] > 0 else None
     binds = None if host is None or engine_ is None else ("host" if host < engine_ else "engine")
     return {"at_batch": batch, "host_us_per_stream": row.get("host_us_per_stream"),

@@ -10,9 +10,10 @@ same machine, so that load from elsewhere falls on both alike; the earlier tree 
 worktree of REF whose folders are laid out as the installed package (``asrpool.server``
 from ``server/``, ...) and put first on the child's path.
 
-Two figures per step: wall time (what ``bench capacity`` reports) and the CPU time of the
-pod's thread (``time.thread_time``: not counting time the machine gave to other
-processes, so steadier here). Writes ``hostwork.json`` (medians per side and the ratio).
+Two figures per step: wall time and the CPU time of the pod's process
+(``time.process_time``, as ``bench capacity`` counts host work: not the time the machine
+gave to other processes, so steadier here). Writes ``hostwork.json`` (medians per side
+and the ratio).
 """
 
 from __future__ import annotations
@@ -69,21 +70,21 @@ def measure(model_name: str, kind: str, batch: int, steps: int) -> dict[str, flo
         pod()
     wall, cpu = [], []
     for _ in range(steps):
-        started, started_cpu = time.perf_counter(), time.thread_time()
+        started, started_cpu = time.perf_counter(), time.process_time()
         pod.intake.feed(pod.buffers, pod.calls)
         taken = pod.buffers.take()
         assert taken is not None
-        engine_started, engine_cpu = time.perf_counter(), time.thread_time()
+        engine_started, engine_cpu = time.perf_counter(), time.process_time()
         output = engine_loop.run_batch(pod.engine, taken)
         engine_wall = time.perf_counter() - engine_started
-        engine_cpu = time.thread_time() - engine_cpu
+        engine_cpu = time.process_time() - engine_cpu
         pod.sessions.deliver(output)
         for stream in pod.streams:
             while stream.outbox:
                 stream.mark_sent()
         pod.calls += 1
         wall.append(time.perf_counter() - started - engine_wall)
-        cpu.append(time.thread_time() - started_cpu - engine_cpu)
+        cpu.append(time.process_time() - started_cpu - engine_cpu)
     pod.close()
     return {"wall_us": round(statistics.median(wall) * 1e6 / batch, 2),
             "cpu_us": round(statistics.median(cpu) * 1e6 / batch, 2)}

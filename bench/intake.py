@@ -9,11 +9,16 @@ then for Opus the stream's own decoder (``server.inputs``), then the slot's buff
 - ``pcm-1s``: one ``Audio`` message of 12 frames (0.96 s) every 12 steps, the streams
   staggered so that each step takes a twelfth of them;
 - ``opus``: ``OggOpus`` messages of one page each as sphn's stream writer cuts them
-  (40 ms: two per step), each stream with its own decoder over one Ogg stream.
+  (40 ms: two per step), each stream with its own decoder over one Ogg stream;
+- ``opus-lanes``: the same pages decoded by the pod's Opus lanes
+  (``server.opuslanes``, ``LANES`` children) as ``--opus-workers`` does: the step waits
+  for their answers, but only the pod's own CPU counts as its host work.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Protocol
 
 import msgpack
@@ -22,9 +27,10 @@ from numpy.typing import NDArray
 
 from asrpool.bench import isolation
 from asrpool.common import protocol
-from asrpool.server import inputs, slots
+from asrpool.server import inputs, opuslanes, slots
 
-KINDS = ("pcm-80ms", "pcm-1s", "opus")
+KINDS = ("pcm-80ms", "pcm-1s", "opus", "opus-lanes")
+LANES = 2
 FRAMES_PER_SECOND_MESSAGE = 12
 _BANK_FRAMES = 50  # distinct PCM frames, cycled (4 s of audio)
 
@@ -32,6 +38,9 @@ _BANK_FRAMES = 50  # distinct PCM frames, cycled (4 s of audio)
 class Intake(Protocol):
     def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
         """Every stream's messages of one step, into its slot's buffer."""
+
+    def close(self) -> None:
+        """Stop whatever the intake started."""
 
 
 def build(kind: str, batch: int, steps: int) -> Intake:
@@ -42,6 +51,8 @@ def build(kind: str, batch: int, steps: int) -> Intake:
         return PcmIntake(batch, FRAMES_PER_SECOND_MESSAGE)
     if kind == "opus":
         return OpusIntake(batch, steps)
+    if kind == "opus-lanes":
+        return LanedOpusIntake(batch, steps)
     raise ValueError(f"unknown input kind {kind!r}: one of {', '.join(KINDS)}")
 
 
@@ -59,6 +70,9 @@ class PcmIntake:
                                    use_single_float=True)  # as Kyutai's clients send it
                      for chunk in audio]
         self.filled = False
+
+    def close(self) -> None:
+        pass
 
     def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
         for slot in range(self.batch):
@@ -92,12 +106,54 @@ class OpusIntake:
         self.bank = [msgpack.packb({"type": "OggOpus", "data": page}) for page in pages]
         self.inputs = [inputs.StreamInput() for _ in range(batch)]
 
-    def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
+    def close(self) -> None:
+        pass
+
+    def messages(self, step: int) -> list[bytes]:
         first = step * self.PAGES_PER_STEP
         messages = self.bank[first:first + self.PAGES_PER_STEP]
         assert messages, "the intake was built for fewer steps"
+        return messages
+
+    def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
+        messages = self.messages(step)
         for slot, stream in enumerate(self.inputs):
             for data in messages:
                 message = protocol.decode_client(data)
                 assert message["type"] == "OggOpus"
                 buffers.push_audio(slot, stream.opus_decoder().decode(message["data"]))
+
+
+class LanedOpusIntake(OpusIntake):
+    """:class:`OpusIntake`'s pages handed to Opus lanes, as a pod with ``--opus-workers``
+    does; a step's feed returns once every page's audio is in its slot's buffer."""
+
+    def __init__(self, batch: int, steps: int) -> None:
+        super().__init__(batch, steps)
+        self._loop = asyncio.new_event_loop()  # never run: failures would wait there
+        self._lanes: opuslanes.OpusLanes | None = None
+
+    def close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
+        self._loop.close()
+
+    def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
+        if self._lanes is None:
+            self._lanes = opuslanes.OpusLanes(LANES, buffers, self._loop, self._failed)
+        for data in self.messages(step):
+            for slot, stream in enumerate(self.inputs):
+                message = protocol.decode_client(data)
+                assert message["type"] == "OggOpus"
+                opus = stream.opus_decoder()
+                opus.take(message["data"])
+                lane = self._lanes.lane(slot)
+                generation = buffers.generation(slot)
+                for page, declared in opus.next_pages(None):
+                    lane.send_page(slot, generation, page, declared)
+        while buffers.being_decoded():
+            time.sleep(0.0002)
+
+    @staticmethod
+    def _failed(slot: int, generation: int, reason: str) -> None:
+        raise AssertionError(f"slot {slot}: {reason}")

@@ -206,6 +206,11 @@ class SlotBuffers:
         with self._cond:
             return self._slots[slot].received
 
+    def being_decoded(self) -> int:
+        """Samples promised to every slot and not come yet (Opus lanes)."""
+        with self._cond:
+            return sum(state.promised for state in self._slots)
+
     def buffered_total(self) -> int:
         with self._cond:
             return sum(state.samples for state in self._slots)

@@ -129,7 +129,7 @@ def test_a_noisy_trial_runs_again_and_a_slow_one_does_not(
     assert not slow["passed"] and slow["runs"] == 1
 
 
-@pytest.mark.parametrize("kind", ["pcm-80ms", "pcm-1s", "opus"])
+@pytest.mark.parametrize("kind", ["pcm-80ms", "pcm-1s", "opus", "opus-lanes"])
 def test_every_input_kind_keeps_every_stream_fed(kind: str) -> None:
     """Each kind goes through the server's intake and no stream runs dry: every step
     runs a frame of every stream, and every stream gets its results."""
@@ -148,10 +148,10 @@ def test_every_input_kind_keeps_every_stream_fed(kind: str) -> None:
 
 
 def test_ceilings_say_which_part_binds() -> None:
-    row = {"batch_size": 100, "host_p50_ms": 20.0, "engine_p50_ms": 40.0,
+    row = {"batch_size": 100, "host_cpu_p50_ms": 20.0, "engine_p50_ms": 40.0,
            "host_us_per_stream": 200.0}
     assert capacity.ceilings(row) == {"at_batch": 100, "host_us_per_stream": 200.0,
                                       "host_streams": 400, "engine_streams": 200,
                                       "binds": "engine"}
-    assert capacity.ceilings(row | {"host_p50_ms": 50.0})["binds"] == "host"
+    assert capacity.ceilings(row | {"host_cpu_p50_ms": 50.0})["binds"] == "host"
     assert capacity.ceilings(None) is None
