@@ -10,7 +10,14 @@ from pathlib import Path
 from asrpool.bench import hostwork
 
 
+def _worktrees() -> set[str]:
+    listed = subprocess.run(["git", "-C", str(hostwork.REPO), "worktree", "list", "--porcelain"],
+                            check=True, capture_output=True, text=True).stdout
+    return {line for line in listed.splitlines() if line.startswith("worktree ")}
+
+
 def test_bench_hostwork_compares_two_trees_and_leaves_no_worktree(tmp_path: Path) -> None:
+    before = _worktrees()
     assert hostwork.main(["--before", "HEAD", "--models", "tiny", "--inputs", "pcm-80ms,opus",
                           "--batch", "4", "--steps", "3", "--rounds", "1",
                           "--out", str(tmp_path)]) == 0
@@ -21,6 +28,4 @@ def test_bench_hostwork_compares_two_trees_and_leaves_no_worktree(tmp_path: Path
         for figure in ("wall_us", "cpu_us"):
             assert row[figure]["before"] > 0 and row[figure]["after"] > 0
             assert row[figure]["after_over_before"] is not None
-    worktrees = subprocess.run(["git", "-C", str(hostwork.REPO), "worktree", "list"],
-                               check=True, capture_output=True, text=True).stdout
-    assert "hostwork-" not in worktrees
+    assert _worktrees() == before
