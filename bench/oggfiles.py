@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+from asrpool.common import protocol
 from asrpool.server import inputs
 
 SERIAL = 0x5EED
@@ -18,7 +19,7 @@ def empty_packet(frames: int) -> bytes:
 
 
 EMPTY_120_MS = empty_packet(6)
-OPUS_HEAD = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 312, 24_000, 0, 0)
+OPUS_HEAD = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 312, protocol.SAMPLE_RATE, 0, 0)
 OPUS_TAGS = b"OpusTags" + struct.pack("<I", 7) + b"asrpool" + struct.pack("<I", 0)
 
 
