@@ -58,6 +58,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def measure(model_name: str, kind: str, batch: int, steps: int) -> dict[str, float]:
+    """``capacity.PodStep``'s parts timed one by one: an earlier tree's ``PodStep`` does
+    not return its CPU time (this loop must measure both trees alike)."""
     import torch
 
     from asrpool.bench import capacity, devices
