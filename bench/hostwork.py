@@ -44,7 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="git commit to compare against")
     parser.add_argument("--models", default="tiny,small")
-    parser.add_argument("--inputs", default="pcm-80ms,pcm-1s,opus")
+    parser.add_argument("--inputs", default="pcm-80ms,pcm-1s,opus",
+                        help="input kinds (bench/intake.py); KIND:EARLIER measures this "
+                        "tree's KIND against the earlier tree's EARLIER")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
@@ -137,12 +139,13 @@ def run_child(path: Path | None, model: str, kind: str, opts: argparse.Namespace
 def compare(path: Path, opts: argparse.Namespace, log: Path) -> list[dict[str, Any]]:
     rows = []
     for model in opts.models.split(","):
-        for kind in opts.inputs.split(","):
+        for item in opts.inputs.split(","):
+            kind, _, earlier = item.partition(":")  # AFTER:BEFORE, a kind the earlier lacks
             sides: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
             for _ in range(opts.rounds):
-                sides["before"].append(run_child(path, model, kind, opts, log))
+                sides["before"].append(run_child(path, model, earlier or kind, opts, log))
                 sides["after"].append(run_child(None, model, kind, opts, log))
-            rows.append(_row(model, kind, sides))
+            rows.append(_row(model, kind, sides) | {"input_before": earlier or kind})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
