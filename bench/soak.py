@@ -530,6 +530,7 @@ def attacks_of(target: Target, pod: Target, opts: argparse.Namespace, rng: rando
     marker = msgpack.packb({"type": "Marker", "id": 1})
     frames = list(fuzz_frames(rng, opts.fuzz_frames // 2))
     chosen = set(opts.attacks.split(","))
+    bodies = upload_attacks.Bodies.build(opts)
     return [(name, attack) for name, attack in [
         ("non_reader", lambda: asyncio.to_thread(non_readers, target, opts)),
         ("header_flood", lambda: asyncio.to_thread(header_floods, target, opts)),
@@ -540,10 +541,11 @@ def attacks_of(target: Target, pod: Target, opts: argparse.Namespace, rng: rando
         ("churn", lambda: churn(target, opts)),
         ("fuzz", lambda: fuzz(target, frames, opts.fuzz_workers)),
         ("upload_bomb", lambda: asyncio.to_thread(
-            upload_attacks.upload_bombs, target.address, opts)),
-        ("opus_bomb", lambda: upload_attacks.opus_stream_bomb(target.ws_url, opts)),
+            upload_attacks.upload_bombs, target.address, opts, bodies)),
+        ("opus_bomb", lambda: upload_attacks.opus_stream_bomb(target.ws_url, opts, bodies)),
         ("abandoned_upload", lambda: asyncio.to_thread(
-            upload_attacks.abandoned_uploads, target.address, opts, lambda: used_slots(pod))),
+            upload_attacks.abandoned_uploads, target.address, opts, bodies,
+            lambda: used_slots(pod))),
         ("slow_body", lambda: asyncio.to_thread(upload_attacks.slow_bodies, target.address, opts)),
     ] if name in chosen]
 

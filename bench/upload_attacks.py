@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import io
 import socket
 import time
@@ -78,11 +79,28 @@ def post_head(length: int, content_type: str) -> bytes:
             "Connection: close\r\n\r\n").encode()
 
 
+@dataclasses.dataclass(frozen=True)
+class Bodies:
+    """What the attacks send, made before they start: building a bomb holds the soak's
+    GIL for a while, which would show as its own neighbour's latency."""
+
+    bomb: bytes  # the upload
+    stream_bomb: bytes  # the OggOpus message's data
+    wav: bytes  # an abandoned upload
+
+    @classmethod
+    def build(cls, opts: argparse.Namespace) -> Bodies:
+        # A stream's decoder (sphn's) refuses a page of more than about 5 s of audio.
+        return cls(opus_bomb(opts.bomb_hours), opus_bomb(opts.bomb_hours, per_page=40),
+                   silent_wav(opts.abandoned_seconds))
+
+
 # Uploads (threads)
 
 
-def upload_bombs(target: tuple[str, int], opts: argparse.Namespace) -> dict[str, Any]:
-    body = opus_bomb(opts.bomb_hours)
+def upload_bombs(target: tuple[str, int], opts: argparse.Namespace,
+                 bodies: Bodies) -> dict[str, Any]:
+    body = bodies.bomb
     request = post_head(len(body), "audio/ogg") + body
     answers = attacks.in_threads(opts.upload_bombs,
                           lambda: _timed(lambda: attacks.exchange(target, request, 120)))
@@ -93,11 +111,11 @@ def upload_bombs(target: tuple[str, int], opts: argparse.Namespace) -> dict[str,
             "answered_after_s": _seconds([s for _, s in answers])}
 
 
-def abandoned_uploads(target: tuple[str, int], opts: argparse.Namespace,
+def abandoned_uploads(target: tuple[str, int], opts: argparse.Namespace, bodies: Bodies,
                       used_slots: Callable[[], int]) -> dict[str, Any]:
     """One after another: post, wait until the pod holds a slot for it, go away; how long
     until the slot is free again (None: still held after 10 s)."""
-    body = silent_wav(opts.abandoned_seconds)
+    body = bodies.wav
     request = post_head(len(body), "audio/wav") + body
     idle = used_slots()
     freed, taken = [], 0
@@ -152,10 +170,10 @@ def _trickle(target: tuple[str, int], head: bytes, pieces: list[bytes],
 # The websocket bomb (asyncio)
 
 
-async def opus_stream_bomb(url: str, opts: argparse.Namespace) -> dict[str, Any]:
+async def opus_stream_bomb(url: str, opts: argparse.Namespace, bodies: Bodies
+                           ) -> dict[str, Any]:
     """One message declaring hours, the stream then held open and read."""
-    # A stream's decoder (sphn's) refuses a page of more than about 5 s of audio.
-    data = opus_bomb(opts.bomb_hours, per_page=40)
+    data = bodies.stream_bomb
     message = msgpack.packb({"type": "OggOpus", "data": data}, use_bin_type=True)
     steps, errors = 0, []
     async with ws_client.connect(url, max_size=None, compression=None) as ws:
