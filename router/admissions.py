@@ -114,7 +114,8 @@ class Admissions:
         )
         admit_keys = scripts.AdmitKeys.of(request.pool, sid, request.key_id)
         reply = scripts.AdmitReply.decode(
-            await self._admit(keys=admit_keys.with_pods(pods), args=args.with_pods(pods)))
+            await self._admit(keys=admit_keys.with_pods(request.pool, pods),
+                              args=args.with_pods(pods)))
         if reply.denial is not None:
             return Refused(reply.denial, reply.rank)
         return Session(
@@ -151,14 +152,14 @@ class Admissions:
         """Claim a detached (or orphaned) session for this connection."""
         c = self.config
         sid = request.token.session_id
-        recorded = await self.redis.hget(keys.session(sid), "pod")
-        if recorded is None:
+        pod, pool = await self.redis.hmget(keys.session(sid), ["pod", "pool"])
+        if pod is None or pool is None:
             return Refused(scripts.Denial.BAD_RESUME_TOKEN)
-        pod_id = registry.as_text(recorded)
+        pod_id, pool = registry.as_text(pod), registry.as_text(pool)
         args = scripts.ResumeArgs(sid, request.token.sha256, request.key_id, request.conn,
                                   c.hold_ms, c.router_id, pod_id)
         reply = scripts.ResumeReply.decode(await self._resume(
-            keys=scripts.session_and_pod_keys(sid, pod_id, request.key_id), args=args))
+            keys=scripts.session_and_pod_keys(pool, sid, pod_id, request.key_id), args=args))
         if reply.denial is not None:
             return Refused(reply.denial)
         return Session(
@@ -194,7 +195,8 @@ class Admissions:
 
     async def _renew_all(self, sessions: list[Session], whole: bool) -> list[int]:
         hold_ms = self.config.hold_ms
-        renewed = [scripts.RenewArgs(s.session_id, s.conn, s.pod_id, s.key_id) for s in sessions]
+        renewed = [scripts.RenewArgs(s.session_id, s.conn, s.pool, s.pod_id, s.key_id)
+                   for s in sessions]
         if not whole:  # the common case: one call for all of them
             many_keys, many_args = scripts.renew_many(hold_ms, renewed)
             return [int(r) for r in await self._renew_many(keys=many_keys, args=many_args)]
@@ -222,7 +224,8 @@ class Admissions:
 
 
 def _keys(session: Session) -> scripts.SessionKeys:
-    return scripts.SessionKeys.of(session.session_id, session.pod_id, session.key_id)
+    return scripts.SessionKeys.of(session.pool, session.session_id, session.pod_id,
+                                  session.key_id)
 
 
 async def _rebuilding_lost(

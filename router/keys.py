@@ -4,12 +4,17 @@
 | --- | --- | --- |
 | ``asrpool:session:{sid}`` | hash, lease | the pinning record of one session |
 | ``asrpool:session:{sid}:ended`` | string, lease | a released session's tombstone |
-| ``asrpool:pod:{pod}:sessions`` | zset | session ids on the pod, scored by end of counting |
+| ``asrpool:{POOL}:pod-sessions:{pod}`` | zset | session ids on the pod, scored by end of counting |
 | ``asrpool:apikey:{key}:sessions`` | zset | session ids of one API key, scored by lease deadline |
-| ``asrpool:pool:{pool}:queue`` | zset | waiting tickets, scored by arrival order |
-| ``asrpool:pool:{pool}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
-| ``asrpool:pool:{pool}:queue:key:{key}`` | zset | one key's waiting tickets, by lease deadline |
-| ``asrpool:pool:{pool}:queue:seq`` | counter | the last arrival number given |
+| ``asrpool:{POOL}:queue`` | zset | waiting tickets, scored by arrival order |
+| ``asrpool:{POOL}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
+| ``asrpool:{POOL}:queue:key:{key}`` | zset | one key's waiting tickets, by lease deadline |
+| ``asrpool:{POOL}:queue:seq`` | counter | the last arrival number given |
+
+``{POOL}`` is the pool's name in braces (``registry.pool_tag``): all of one pool's keys
+are in one Redis Cluster slot. A pod's session count is ``pod-sessions:{pod}``, not
+under ``pod:{pod}``, so that the namespace's pod user (whose keys are
+``asrpool:{NS/*}:pod:*``: ``common.redis_acl``) cannot reach it.
 
 The zsets carry a TTL as long as their last member counts (the queue and its counter as
 long as their last waiter polls), so the keys of dead pods
@@ -32,8 +37,8 @@ def ended(sid: str) -> str:
     return f"{session(sid)}:ended"
 
 
-def pod_sessions(pod_id: str) -> str:
-    return f"{P}:pod:{pod_id}:sessions"
+def pod_sessions(pool: str, pod_id: str) -> str:
+    return f"{registry.pool_tag(pool)}:pod-sessions:{pod_id}"
 
 
 def key_sessions(key_id: str) -> str:
@@ -41,7 +46,7 @@ def key_sessions(key_id: str) -> str:
 
 
 def pool_queue(pool: str) -> str:
-    return f"{P}:pool:{pool}:queue"
+    return f"{registry.pool_tag(pool)}:queue"
 
 
 def queue_seq(pool: str) -> str:

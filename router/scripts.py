@@ -91,9 +91,10 @@ class SessionKeys(NamedTuple):
     key_sessions: str  # touched only for a session that has an API key
 
     @classmethod
-    def of(cls, sid: str, pod_id: str, key_id: str) -> SessionKeys:
+    def of(cls, pool: str, sid: str, pod_id: str, key_id: str) -> SessionKeys:
         record = keys.session(sid)
-        return cls(record, keys.ended(sid), keys.pod_sessions(pod_id), keys.key_sessions(key_id))
+        return cls(record, keys.ended(sid), keys.pod_sessions(pool, pod_id),
+                   keys.key_sessions(key_id))
 
 
 class AdmitKeys(NamedTuple):
@@ -118,9 +119,9 @@ class AdmitKeys(NamedTuple):
                    keys.key_queue(pool, key_id), waiting.refusals_key(pool), keys.session(sid),
                    keys.key_sessions(key_id))
 
-    def with_pods(self, pod_ids: Sequence[str]) -> list[str]:
-        return [*self, *(k for pod_id in pod_ids
-                          for k in (registry.pod_key(pod_id), keys.pod_sessions(pod_id)))]
+    def with_pods(self, pool: str, pod_ids: Sequence[str]) -> list[str]:
+        return [*self, *(k for pod_id in pod_ids for k in (registry.pod_key(pool, pod_id),
+                                                            keys.pod_sessions(pool, pod_id)))]
 
 
 class AdmitArgs(NamedTuple):
@@ -342,21 +343,22 @@ end
 
 
 class RenewArgs(NamedTuple):
-    """One session in RENEW_MANY's ARGV (after the hold), in order; its KEYS are its
-    :class:`SessionKeys` and its pod's hash (:meth:`key_names`)."""
+    """One session: its sid, conn and key_id are in RENEW_MANY's ARGV (after the hold),
+    in order; its KEYS are its :class:`SessionKeys` and its pod's hash (:meth:`key_names`)."""
 
     sid: str
     conn: str
+    pool: str
     pod: str
     key_id: str
 
     def key_names(self) -> list[str]:
-        return session_and_pod_keys(self.sid, self.pod, self.key_id)
+        return session_and_pod_keys(self.pool, self.sid, self.pod, self.key_id)
 
 
-def session_and_pod_keys(sid: str, pod_id: str, key_id: str) -> list[str]:
+def session_and_pod_keys(pool: str, sid: str, pod_id: str, key_id: str) -> list[str]:
     """A session's :class:`SessionKeys`, then its pod's hash: RENEW's and RESUME's KEYS."""
-    return [*SessionKeys.of(sid, pod_id, key_id), registry.pod_key(pod_id)]
+    return [*SessionKeys.of(pool, sid, pod_id, key_id), registry.pod_key(pool, pod_id)]
 
 
 RENEW_KEYS = len(SessionKeys._fields) + 1  # KEYS per renewed session

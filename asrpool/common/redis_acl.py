@@ -8,10 +8,13 @@ every pass (a restarted Redis has it again within one pass), whose keys are only
 server pod writes for a pool of that namespace (registry: pod ids and pool names are
 NAMESPACE/NAME there):
 
-- ``asrpool:pod:NS/*``: the pod's heartbeat hash and its owner key (and, since a glob
-  cannot stop at a colon, the session counts that routers keep of that namespace's pods:
-  a pod can skew its own namespace's accounting, never another's);
-- ``asrpool:pool:NS/*:pods``: its pool's lease set.
+- ``asrpool:{NS/*}:pod:NS/*``: the pod's heartbeat hash and its owner key, in a pool
+  of the namespace (every key of a pool starts ``asrpool:{POOL}``: registry.pool_tag;
+  the routers' session counts of a pod are ``pod-sessions:``, out of reach);
+- ``asrpool:{NS/*}:pods``: its pool's lease set.
+
+A glob's ``*`` crosses the closing brace, but what a key's brace opens with fixes its
+pool's namespace: a key these patterns match is always one of the namespace's pools.
 
 Not the members list (the operator's), the pools set (the operator adds the pool as it
 lists the members), sessions, API keys or queues. The commands are the few that the
@@ -47,8 +50,8 @@ def pod_user(namespace: str) -> str:
 
 def pod_key_patterns(namespace: str) -> list[str]:
     """The keys that user may touch (the namespace is a DNS label: no glob characters)."""
-    prefix = registry.KEY_PREFIX
-    return [f"{prefix}:pod:{namespace}/*", f"{prefix}:pool:{namespace}/*:pods"]
+    pools = registry.pool_tag(f"{namespace}/*")
+    return [f"{pools}:pod:{namespace}/*", f"{pools}:pods"]
 
 
 def pod_user_rules(namespace: str, password: str) -> list[str]:

@@ -6,8 +6,8 @@ zero, before any stream runs on it.
 
 | key | type | content |
 | --- | --- | --- |
-| ``asrpool:pool:{pool}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
-| ``asrpool:pool:{pool}:refused`` | zset | refused requests, scored by the refusal time |
+| ``asrpool:{POOL}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
+| ``asrpool:{POOL}:refused`` | zset | refused requests, scored by the refusal time |
 
 A pool with no pod yet is unknown to the routers (they answer ``unknown_pool``, and
 nobody waits); the operator names an autoscaled pool in ``asrpool:pools``
@@ -29,11 +29,11 @@ REFUSALS_KEPT_MS = 300_000
 
 
 def queue_leases_key(pool: str) -> str:
-    return f"{registry.KEY_PREFIX}:pool:{pool}:queue:leases"
+    return f"{registry.pool_tag(pool)}:queue:leases"
 
 
 def refusals_key(pool: str) -> str:
-    return f"{registry.KEY_PREFIX}:pool:{pool}:refused"
+    return f"{registry.pool_tag(pool)}:refused"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ async def test_a_late_renewal_does_not_resurrect_a_released_session(
     await store.release(session)
     await store.renew([session])  # the renewal loop's snapshot still held it
     assert not await redis.exists(keys.session(session.session_id))
-    assert await redis.zcard(keys.pod_sessions("a")) == 0
+    assert await redis.zcard(keys.pod_sessions("default", "a")) == 0
     assert await redis.zcard(keys.key_sessions("k")) == 0
     again = await store.admit(admissions.Request(
         "default", "k", 0, tokens.mint(tokens.new_session_id()), "conn-2"))
@@ -51,4 +51,4 @@ async def test_renewal_still_rebuilds_what_a_redis_restart_lost(
     await redis.flushall()  # Redis came back empty
     await store.renew([session])
     assert await redis.hget(keys.session(session.session_id), "conn") == "conn-1"
-    assert await redis.zcard(keys.pod_sessions("a")) == 1
+    assert await redis.zcard(keys.pod_sessions("default", "a")) == 1

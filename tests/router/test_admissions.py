@@ -158,13 +158,13 @@ async def test_renewal_keeps_sessions_and_rebuilds_them_after_redis_restarts(
     for _ in range(4):
         await asyncio.sleep(0.1)
         await s.renew([held])
-    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    assert await redis.zscore(keys.pod_sessions("default", "a"), held.session_id)
     redis_server.kill()
     redis_server.start()
     await support.async_wait_until(lambda: renewed(s, held), 5, "renewal after the restart")
     record = await redis.hgetall(keys.session(held.session_id))
     assert record["pod"] == "a" and record["state"] == "attached"
-    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    assert await redis.zscore(keys.pod_sessions("default", "a"), held.session_id)
     await redis.aclose()
 
 
@@ -197,7 +197,7 @@ async def test_one_renewal_call_answers_each_session_for_itself(
 
 
 async def _gone(redis: aioredis.Redis, pod: str) -> bool:
-    return not await redis.exists(registry.pod_key(pod))
+    return not await redis.exists(registry.pod_key("default", pod))
 
 
 async def renewed(s: admissions.Admissions, held: admissions.Session) -> bool:
@@ -248,7 +248,7 @@ async def test_resumes_racing_through_many_routers_leave_one_owner(
         await router.renew([lost])
         await router.release(lost)
     assert await redis.hget(keys.session(held.session_id), "conn") == owner
-    assert await redis.zcard(keys.pod_sessions("a")) == 1
+    assert await redis.zcard(keys.pod_sessions("default", "a")) == 1
     assert await free_of(redis) == {"a": 1}
     for c in clients:
         await c.aclose()
@@ -267,7 +267,7 @@ async def test_resume_needs_the_token_the_key_and_a_live_pod(
     assert await s.resume(
         admissions.Request("", "other", 0, req.token, "c2")
     ) == admissions.Refused("bad_resume_token")
-    await redis.delete("asrpool:pod:a")
+    await redis.delete(registry.pod_key("default", "a"))
     assert await s.resume(admissions.Request("", "team", 0, req.token, "c2")) == admissions.Refused(
         "pod_gone"
     )
@@ -361,8 +361,8 @@ async def test_a_reservation_the_pod_never_accepted_frees_before_an_accepted_one
     # the router dies here
     await support.async_wait_until(lambda: _free_is(redis, {"a": 1}), 5, "the reservation to go")
     now = registry.now_ms()
-    assert (await redis.zscore(keys.pod_sessions("a"), accepted.session_id) or 0) > now
-    assert (await redis.zscore(keys.pod_sessions("a"), dialling.session_id) or 0) <= now
+    assert (await redis.zscore(keys.pod_sessions("default", "a"), accepted.session_id) or 0) > now
+    assert (await redis.zscore(keys.pod_sessions("default", "a"), dialling.session_id) or 0) <= now
 
 
 async def test_queue_order_holds_however_long_the_wait(
@@ -422,7 +422,7 @@ async def test_a_detached_session_survives_a_redis_restart(redis_server: RedisSe
     record = await redis.hgetall(keys.session(held.session_id))
     assert (record["state"], record["conn"], record["pod"]) == ("detached", "", "a")
     assert 0 < await redis.pttl(keys.session(held.session_id)) <= 30_000
-    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    assert await redis.zscore(keys.pod_sessions("default", "a"), held.session_id)
     resumed = await s.resume(admissions.Request("", "team", 0, req.token, "c2"))
     assert isinstance(resumed, admissions.Session) and resumed.pod_resume_token == "pod-token"
     assert await s.keep_detached(detached) == [False]

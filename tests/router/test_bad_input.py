@@ -126,7 +126,7 @@ async def test_key_over_its_stream_limit(
         await redis.delete(keys.key_sessions("limited"))
     assert error["code"] == "key_limit" and "'limited'" in str(error["message"])
     assert close == 1008
-    assert await redis.zcard(keys.pod_sessions("roomy")) == 0  # nothing reserved
+    assert await redis.zcard(keys.pod_sessions("limit-pool", "roomy")) == 0  # nothing reserved
 
 
 async def test_forged_resume_token(router: support.RouterProcess) -> None:

@@ -214,7 +214,7 @@ class World:
         redis = self.clients[0]
         assert await redis.keys(keys.session("*")) == []
         # nothing is left behind either: every session zset has expired with its members
-        assert await redis.keys(keys.pod_sessions("*")) == []
+        assert await redis.keys(keys.pod_sessions("*", "*")) == []
         assert await redis.keys(keys.key_sessions("*")) == []
         for key_id in KEY_LIMITS:
             if key_id:

@@ -123,7 +123,7 @@ async def _write_snapshot(
         await support.beat(redis, pod_id, total, total - used, draining=draining)
         held = sessions.get(pod_id, 0)
         for n in range(held):
-            await redis.zadd(keys.pod_sessions(pod_id), {f"s{n}": 10**13})
+            await redis.zadd(keys.pod_sessions("default", pod_id), {f"s{n}": 10**13})
         effective = policies.effective_used(used, held)
         out.append(pod(pod_id, total, effective, draining))
     return out

@@ -114,7 +114,7 @@ async def every_script(client: aioredis.Redis, url: str) -> None:
     assert isinstance(resumed, admissions.Session)
     await store.release(resumed)
     await store.release(other)
-    assert await registry.claim(client, "a", "instance-1")
+    assert await registry.claim(client, "default", "a", "instance-1")
     assert await registry.remove_pod(client, "a", "default", "instance-1")
 
 
