@@ -49,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _request(key_id: str = "") -> admissions.Request:
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint("default", tokens.new_session_id())
     return admissions.Request("default", key_id, 0, token, token.session_id)
 
 

@@ -77,9 +77,9 @@ async def test_a_pod_user_cannot_list_members_announce_pools_or_touch_sessions(
     assert await admin.hgetall(registry.pool_members_key("a/stt")) == {
         registry.MEMBERS_SENTINEL.encode(): b"", b"a/stt-1": b"10.0.0.1"}
     with pytest.raises(redis.exceptions.ResponseError, match="one of the keys"):
-        await registry.write_heartbeat(pod_b, _beat("b/stt-1", "b/stt"))  # announce: pools set
+        await registry.write_heartbeat(pod_b, _beat("b/stt-1", "b/stt"))  # announce: known
     assert await admin.smembers(registry.POOLS_KEY) == {b"a/stt"}
-    for key in (keys.session("s1"), keys.pool_queue("a/stt"), keys.pool_queue("b/stt"),
+    for key in (keys.session("b/stt", "s1"), keys.pool_queue("a/stt"), keys.pool_queue("b/stt"),
                 keys.pod_sessions("b/stt", "b/stt-1")):  # its own pod's session count too
         with pytest.raises(redis.exceptions.NoPermissionError):
             await pod_b.set(key, "x")

@@ -8,9 +8,11 @@ heartbeats (at least once a second) into:
   lease (``PEXPIRE``) so that a dead pod's hash vanishes within a few seconds;
 - ``asrpool:{POOL}:pods``: a sorted set of the pool's pod ids scored by the
   lease deadline in Unix milliseconds, so readers can drop dead pods without ``SCAN``;
-- ``asrpool:pools``: the set of pool names seen (added to by each beat, unless the pod
-  is told not to: under Redis ACLs a pod reaches only its own namespace's keys, and
-  whoever publishes a pool's members adds the pool instead).
+- ``asrpool:{POOL}:known``, set, and ``asrpool:pools``, the set of pool names seen, to
+  which the pool is added (by each beat, unless the pod is told not to: under Redis
+  ACLs a pod reaches only its own namespace's keys, and whoever publishes a pool's
+  members announces the pool instead). The routers' ADMIT checks ``known``, in the
+  pool's slot; the pools set, in a slot of its own, only lists pools for readers.
 
 A heartbeat alone does not make a pod. Whoever knows the pool's real pods (the operator
 from the cluster's pod list, the local platform from its own children) publishes them in
@@ -72,6 +74,12 @@ def pool_members_key(pool: str) -> str:
     return f"{pool_tag(pool)}:members"
 
 
+def pool_known_key(pool: str) -> str:
+    """Set while the pool is known to the routers (ADMIT checks it, in the pool's slot;
+    :data:`POOLS_KEY` lists the pools for readers and is never in a script)."""
+    return f"{pool_tag(pool)}:known"
+
+
 # A field no pod id can be (pod ids are DNS labels, or NAMESPACE/NAME of two): keeps the
 # hash of a pool whose pods are all gone, so that an empty list still means "no pod",
 # not "not listed".
@@ -79,15 +87,23 @@ MEMBERS_SENTINEL = "*"
 
 
 async def publish_members(redis: aioredis.Redis, pool: str, members: dict[str, str]) -> None:
-    """Replace the pool's list of real pods (pod id to IP address), atomically, and add
-    the pool to the pools set (its pods may not: ``write_heartbeat``'s ``announce``)."""
+    """Replace the pool's list of real pods (pod id to IP address), atomically, and make
+    the pool known (its pods may not: ``write_heartbeat``'s ``announce``)."""
     key = pool_members_key(pool)
     fields: dict[Any, Any] = {MEMBERS_SENTINEL: "", **members}
     async with redis.pipeline(transaction=True) as tx:
         tx.delete(key)
         tx.hset(key, mapping=fields)
-        tx.sadd(POOLS_KEY, pool)
+        tx.set(pool_known_key(pool), "1")
         await tx.execute()
+    await redis.sadd(POOLS_KEY, pool)
+
+
+async def announce(redis: aioredis.Redis, pool: str) -> None:
+    """Make the pool known to the routers (its ``known`` key, in its slot) and list it
+    in the pools set (another slot, so a second command)."""
+    await redis.set(pool_known_key(pool), "1")
+    await redis.sadd(POOLS_KEY, pool)
 
 
 def pod_owner_key(pool: str, pod_id: str) -> str:
@@ -132,7 +148,7 @@ _CLAIM = _PRELUDE + """
 return owns(tonumber(ARGV[2])) and 1 or 0
 """
 
-# KEYS: owner, pod hash, pool set, then the pools set to announce the pool in (or
+# KEYS: owner, pod hash, pool set, then the pool's known key to announce it in (or
 # none). ARGV: instance, lease_ms, pod_id, pool, then the hash's field/value pairs.
 # Returns 0 (writing nothing) when another process owns the id.
 _BEAT = _PRELUDE + """
@@ -143,7 +159,7 @@ for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[2], 'updated_ms', now, unpack(fields))
 redis.call('PEXPIRE', KEYS[2], lease_ms)
 redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[3])
-if KEYS[4] then redis.call('SADD', KEYS[4], ARGV[4]) end
+if KEYS[4] then redis.call('SET', KEYS[4], '1') end
 return 1
 """
 
@@ -204,17 +220,20 @@ async def write_heartbeat(
     instance: str = "", *, announce: bool = True,
 ) -> bool:
     """Publish one heartbeat atomically (hash, lease, pool membership), timed by Redis,
-    and with ``announce`` add its pool to the pools set. With an ``instance``, only while
-    that process owns the pod id: False if another does."""
+    and with ``announce`` make its pool known (:func:`announce`). With an ``instance``,
+    only while that process owns the pod id: False if another does."""
     fields = beat.to_hash()
     fields.pop("updated_ms")
     pairs = [item for pair in fields.items() for item in pair]
     keys = [pod_owner_key(beat.pool, beat.pod_id), pod_key(beat.pool, beat.pod_id),
             pool_pods_key(beat.pool),
-            *([POOLS_KEY] if announce else [])]
+            *([pool_known_key(beat.pool)] if announce else [])]
     script = redis.register_script(_BEAT)
-    return bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
-                                              *pairs]))
+    written = bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
+                                                 *pairs]))
+    if written and announce:
+        await redis.sadd(POOLS_KEY, beat.pool)  # another slot: not in the script
+    return written
 
 
 async def claim(redis: aioredis.Redis, pool: str, pod_id: str, instance: str,

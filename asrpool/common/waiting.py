@@ -10,8 +10,8 @@ zero, before any stream runs on it.
 | ``asrpool:{POOL}:refused`` | zset | refused requests, scored by the refusal time |
 
 A pool with no pod yet is unknown to the routers (they answer ``unknown_pool``, and
-nobody waits); the operator names an autoscaled pool in ``asrpool:pools``
-(:func:`announce`) so that its clients wait or are refused ``busy``, and count.
+nobody waits); the operator announces an autoscaled pool (``asrpool:{POOL}:known``,
+:func:`announce`) so that its clients wait or are refused ``busy``, and count.
 
 Refusals older than :data:`REFUSALS_KEPT_MS` are trimmed at each refusal, and the key
 expires after that long without one. Every time is Redis's own (``TIME``).
@@ -55,4 +55,4 @@ async def read(redis: aioredis.Redis, pool: str, window_seconds: float) -> Unmet
 
 async def announce(redis: aioredis.Redis, pool: str) -> None:
     """Make the pool known to the routers before its first pod beats."""
-    await redis.sadd(registry.POOLS_KEY, pool)
+    await registry.announce(redis, pool)

@@ -169,7 +169,7 @@ async def _idle(pod: servers.ServerProcess) -> bool:
 async def _records(redis_server: RedisServer) -> list[str]:
     redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        records = await redis.keys(keys.session("*"))
+        records = await redis.keys(keys.session("*", "*"))
         counted = await redis.zrange(keys.pod_sessions("default", "gated"), 0, -1)
         return [k for k in records if not k.endswith(":ended")] + counted
     finally:
@@ -186,7 +186,7 @@ async def _nothing_held(redis_server: RedisServer) -> bool:
 async def _detached(redis_server: RedisServer, sid: str) -> bool:
     redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        return bool(await redis.hget(keys.session(sid), "state") == "detached")
+        return bool(await redis.hget(keys.session("default", sid), "state") == "detached")
     except redis_errors.ConnectionError:
         return False
     finally:

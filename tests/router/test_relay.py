@@ -202,7 +202,7 @@ async def _streams_on_both_workers(
 async def _routers_of(redis: aioredis.Redis, pool: str) -> set[str]:
     """The router ids (one per worker) that hold the sessions of the pool's one pod."""
     sids = await redis.zrange(keys.pod_sessions(pool, f"{pool}-pod"), 0, -1)
-    return {await redis.hget(keys.session(sid), "router") for sid in sids} - {None}
+    return {await redis.hget(keys.session(pool, sid), "router") for sid in sids} - {None}
 
 
 def _scrape(url: str) -> dict[str, float]:
