@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from asrpool.common import registry
+from asrpool.common import redis_clients, registry
 from asrpool.router import keys, scripts, settings, tokens
 
 
@@ -285,12 +285,22 @@ class Admissions:
 
 
 ScriptCall = tuple[AsyncScript, Sequence[str], Sequence[str | int]]
+# Well under the cluster client's 100 connections per node, each call holding one.
+CLUSTER_CALLS_AT_ONCE = 32
 
 
 async def _run_scripts(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
-    """Script calls in one round trip (a pipeline)."""
+    """Script calls in one round trip on one Redis (a pipeline); on a Redis Cluster, whose
+    pipelines take no script (redis-py refuses EVALSHA there), side by side, each sent to
+    the node of its slot, :data:`CLUSTER_CALLS_AT_ONCE` at a time."""
     if not calls:
         return []
+    if redis_clients.is_cluster(redis):
+        replies: list[Any] = []
+        for i in range(0, len(calls), CLUSTER_CALLS_AT_ONCE):
+            replies += await asyncio.gather(*(run(keys=k, args=a) for run, k, a
+                                              in calls[i:i + CLUSTER_CALLS_AT_ONCE]))
+        return replies
     async with redis.pipeline(transaction=False) as pipe:
         for run, k, a in calls:
             await run(keys=k, args=a, client=pipe)
