@@ -128,6 +128,10 @@ async def test_a_resume_finds_its_record_by_the_pool_in_its_token(
     parsed = tokens.parse(asked.token.text)
     assert parsed is not None and parsed.pool == POOL_B
     other = admissions.Admissions(client, support.config(backend, router_id="r2"))
+    moved = tokens.parse(POOL_A + asked.token.text.removeprefix(POOL_B))  # another pool's
+    assert moved is not None and moved.session_id == held.session_id
+    assert await other.resume(admissions.Request(moved.pool, "team", 0, moved, "c2")) == \
+        admissions.Refused(scripts.Denial.BAD_RESUME_TOKEN)
     resumed = await other.resume(admissions.Request(parsed.pool, "team", 0, parsed, "c2"))
     assert isinstance(resumed, admissions.Session)
     assert (resumed.pool, resumed.pod_id, resumed.pod_resume_token) == (POOL_B, "b-0",
