@@ -277,10 +277,12 @@ class Admissions:
             args = scripts.KeepDetachedArgs(s.session_id, s.router, d.remaining_ms)
             calls.append((self._keep_detached, _keys(s), [*args, *s.fields()] if whole else args))
         replies = [int(r) for r in await _run_scripts(self.redis, calls)]
-        if whole:  # the records written back count against their keys again
-            for d, reply in zip(held, replies, strict=True):
-                if reply == scripts.Kept.KEPT:
-                    await self._hold_keys([d.session], d.remaining_ms)
+        if whole:  # the records written back count against their keys again, in one trip
+            await _run_scripts(self.redis, [
+                (self._key_hold, [keys.key_sessions(d.session.key_id)],
+                 [d.remaining_ms, d.session.session_id])
+                for d, reply in zip(held, replies, strict=True)
+                if reply == scripts.Kept.KEPT and d.session.key_id])
         return replies
 
 

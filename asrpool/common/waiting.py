@@ -11,7 +11,7 @@ zero, before any stream runs on it.
 
 A pool with no pod yet is unknown to the routers (they answer ``unknown_pool``, and
 nobody waits); the operator announces an autoscaled pool (``asrpool:{POOL}:known``,
-:func:`announce`) so that its clients wait or are refused ``busy``, and count.
+``registry.announce``) so that its clients wait or are refused ``busy``, and count.
 
 Refusals older than :data:`REFUSALS_KEPT_MS` are trimmed at each refusal, and the key
 expires after that long without one. Every time is Redis's own (``TIME``).
@@ -52,7 +52,3 @@ async def read(redis: aioredis.Redis, pool: str, window_seconds: float) -> Unmet
         waiting, refused = await pipe.execute()
     return Unmet(waiting=int(waiting), refused=int(refused))
 
-
-async def announce(redis: aioredis.Redis, pool: str) -> None:
-    """Make the pool known to the routers before its first pod beats."""
-    await registry.announce(redis, pool)

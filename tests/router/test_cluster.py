@@ -163,7 +163,7 @@ async def test_one_renewal_keeps_sessions_of_several_pools_and_their_keys(
 
 async def test_the_registry_and_the_unmet_demand_read_the_same(
         client: aioredis.Redis) -> None:
-    await waiting.announce(client, POOL_A)  # known before any pod, in its own slot
+    await registry.announce(client, POOL_A)  # known before any pod, in its own slot
     await registry.publish_members(client, POOL_B, {f"{POOL_B}-0": "127.0.0.1"})
     await support.beat(client, f"{POOL_B}-0", total=3, pool=POOL_B)
     assert await registry.read_pools(client) == [POOL_A, POOL_B]
