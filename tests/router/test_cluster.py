@@ -24,6 +24,7 @@ import websockets
 from redis import crc
 
 from asrpool.common import processes, protocol, redis_acl, redis_clients, registry, waiting
+from asrpool.operator import autoscaling, pools, scaling, usage
 from asrpool.router import admissions, keys, leasing, metrics, scripts, tokens, views
 from tests.router import support, test_pods, test_script_keys
 from tests.support import kyutai_client, redis_servers
@@ -292,3 +293,21 @@ async def test_many_detached_sessions_of_two_pools_are_rebuilt_and_counted_again
     assert await client.zcard(keys.key_sessions("team")) == len(detached)
     assert [await client.zcard(keys.pod_sessions(p, f"{p}-0")) for p in (POOL_A, POOL_B)
             ] == [20, 20]
+
+
+async def test_the_operator_wakes_a_pool_and_reads_its_demand_where_routers_write_it(
+        client: aioredis.Redis, backend: str) -> None:
+    """An autoscaled pool with no pod: the operator's pass announces it under its registry
+    name (NAMESPACE/NAME, as the routers key it), so a client is refused ``busy`` (not
+    ``unknown_pool``) and that refusal is the operator's demand."""
+    pool = pools.from_body({"metadata": {"name": "sleepy", "namespace": "ns-a"}, "spec": {
+        "model": {"name": "tiny"}, "slots": 8, "slotsPerPod": 8,
+        "autoscaling": {"enabled": True, "minSlots": 0, "maxSlots": 16}}})
+    store = admissions.Admissions(client, support.config(backend))
+    assert await store.admit(request(pool.registry_name)) == admissions.Refused(
+        scripts.Denial.UNKNOWN_POOL)
+    assert await scaling.read_demand(client, pool, usage.Usage(), 60) == autoscaling.Demand(0)
+    assert await store.admit(request(pool.registry_name)) == admissions.Refused(
+        scripts.Denial.BUSY, rank=0)
+    assert await scaling.read_demand(client, pool, usage.Usage(), 60) == autoscaling.Demand(
+        0, refused=1)
