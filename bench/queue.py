@@ -35,6 +35,7 @@ from asrpool.bench import router as router_bench
 from asrpool.client import local
 from asrpool.common import registry
 from asrpool.router import admissions, settings, tokens
+from asrpool.router import keys as router_keys
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _request(key_id: str = "") -> admissions.Request:
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint("default", tokens.new_session_id())
     return admissions.Request("default", key_id, 0, token, token.session_id)
 
 
@@ -103,7 +104,7 @@ async def _serve_all(client: aioredis.Redis, store: admissions.Admissions,
                 del left[i]
                 admitted = True
                 await _pod(client, free=0)  # the pod reports the stream
-                await client.delete("asrpool:pod:pod-0:sessions")
+                await client.delete(router_keys.pod_sessions(registry.DEFAULT_POOL, "pod-0"))
         if not admitted:
             break  # nobody admitted: the order is broken for good
     return served
@@ -117,8 +118,9 @@ async def _memory(url: str, waiters: int, keys: int) -> dict[str, Any]:
     tickets = [uuid.uuid4().hex for _ in range(waiters)]  # as the router's
     for i, ticket in enumerate(tickets):
         await store.admit(_request(f"key-{i % keys}"), ticket=ticket)
-    waiting = int(await client.zcard("asrpool:pool:default:queue"))
-    queue_keys = await client.keys("asrpool:pool:default:queue*")
+    queue = router_keys.pool_queue(registry.DEFAULT_POOL)
+    waiting = int(await client.zcard(queue))
+    queue_keys = await client.keys(f"{queue}*")
     in_keys = sum([int(await client.memory_usage(k, samples=0) or 0) for k in queue_keys])
     poll = []
     for i in random.sample(range(waiters), min(waiters, 500)):

@@ -104,7 +104,7 @@ async def admit_loop(url: str, count: int, in_flight: int) -> list[float]:
 
     async def worker(n: int) -> None:
         for _ in range(n):
-            token = tokens.mint(tokens.new_session_id())
+            token = tokens.mint("default", tokens.new_session_id())
             request = admissions.Request("default", "bench", 0, token, token.session_id)
             started = time.perf_counter()
             got = await store.admit(request)

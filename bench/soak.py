@@ -568,7 +568,7 @@ def leaks(plat: local.LocalPlatform, pod: Target, timeout: float = 40.0) -> dict
     deadline = time.monotonic() + timeout
     while True:
         used = used_slots(pod)
-        sessions = [k for k in client.scan_iter(keys.session("*")) if not k.endswith(":ended")]
+        sessions = [k for k in client.scan_iter(keys.session("*", "*")) if not k.endswith(":ended")]
         if (not used and not sessions) or time.monotonic() > deadline:
             client.close()
             return {"slots_leaked": used, "sessions_leaked": len(sessions)}

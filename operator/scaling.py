@@ -13,7 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from asrpool.common import waiting
+from asrpool.common import registry, waiting
 from asrpool.operator import autoscaling, pools, usage
 
 
@@ -22,8 +22,8 @@ async def read_demand(client: aioredis.Redis, pool: pools.Pool, slot_use: usage.
     """Active streams, clients waiting now, requests refused in the window; None when
     Redis cannot be read (then nothing is scaled)."""
     try:
-        await waiting.announce(client, pool.name)
-        unmet = await waiting.read(client, pool.name, window_seconds)
+        await registry.announce(client, pool.registry_name)
+        unmet = await waiting.read(client, pool.registry_name, window_seconds)
     except (redis.RedisError, OSError):
         return None
     return autoscaling.Demand(slot_use.active_streams, unmet.waiting, unmet.refused)

@@ -8,13 +8,15 @@ its own beyond the registered scripts; the streams a router holds are in
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
-from asrpool.common import registry
+from asrpool.common import redis_clients, registry
 from asrpool.router import keys, scripts, settings, tokens
 
 
@@ -87,18 +89,34 @@ class Admissions:
         self._detach = redis.register_script(scripts.DETACH)
         self._resume = redis.register_script(scripts.RESUME)
         self._keep_detached = redis.register_script(scripts.KEEP_DETACHED)
+        self._key_reserve = redis.register_script(scripts.KEY_RESERVE)
+        self._key_hold = redis.register_script(scripts.KEY_HOLD)
+        self._key_drop = redis.register_script(scripts.KEY_DROP)
 
     async def admit(
         self, request: Request, exclude: Iterable[str] = (), ticket: str = ""
     ) -> Session | Refused:
-        """Reserve a slot on a pod of the request's pool, or say why not."""
+        """Reserve a slot on a pod of the request's pool, or say why not: the API key's
+        count first (in its own slot), given back if no pod has room."""
+        sid = request.token.session_id
+        if request.key_id and not await self._key_reserve(
+                keys=[keys.key_sessions(request.key_id)],
+                args=scripts.KeyArgs(sid, request.key_limit, self.config.pending_ms)):
+            return Refused(scripts.Denial.KEY_LIMIT)
+        got = await self._admit_in_pool(request, exclude, ticket)
+        if isinstance(got, Refused):
+            await self._drop_keys([(request.key_id, sid)])
+        return got
+
+    async def _admit_in_pool(
+        self, request: Request, exclude: Iterable[str], ticket: str
+    ) -> Session | Refused:
         c = self.config
         sid = request.token.session_id
         pods = await self._candidates(request.pool, set(exclude))
         args = scripts.AdmitArgs(
             sid=sid,
             key_id=request.key_id,
-            key_limit=request.key_limit,
             policy=c.policy,
             hold_ms=c.hold_ms,
             ticket=ticket,
@@ -114,7 +132,8 @@ class Admissions:
         )
         admit_keys = scripts.AdmitKeys.of(request.pool, sid, request.key_id)
         reply = scripts.AdmitReply.decode(
-            await self._admit(keys=admit_keys.with_pods(pods), args=args.with_pods(pods)))
+            await self._admit(keys=admit_keys.with_pods(request.pool, pods),
+                              args=args.with_pods(pods)))
         if reply.denial is not None:
             return Refused(reply.denial, reply.rank)
         return Session(
@@ -143,24 +162,28 @@ class Admissions:
         """The pod accepted: record what it said (its own ids, for a resume)."""
         session.state = "attached"
         args = scripts.AttachArgs(session.session_id, session.conn, self.config.hold_ms,
-                                  session.key_id, session.pod_resume_token,
-                                  session.pod_session_id)
-        return bool(await self._attach(keys=_keys(session), args=args))
+                                  session.pod_resume_token, session.pod_session_id)
+        attached = bool(await self._attach(keys=_keys(session), args=args))
+        if attached:
+            await self._hold_keys([session], self.config.hold_ms)
+        return attached
 
     async def resume(self, request: Request) -> Session | Refused:
-        """Claim a detached (or orphaned) session for this connection."""
+        """Claim a detached (or orphaned) session for this connection (its token names
+        the pool, whose slot holds the record)."""
         c = self.config
-        sid = request.token.session_id
-        recorded = await self.redis.hget(keys.session(sid), "pod")
+        sid, pool = request.token.session_id, request.token.pool
+        recorded = await self.redis.hget(keys.session(pool, sid), "pod")
         if recorded is None:
             return Refused(scripts.Denial.BAD_RESUME_TOKEN)
         pod_id = registry.as_text(recorded)
         args = scripts.ResumeArgs(sid, request.token.sha256, request.key_id, request.conn,
                                   c.hold_ms, c.router_id, pod_id)
         reply = scripts.ResumeReply.decode(await self._resume(
-            keys=scripts.session_and_pod_keys(sid, pod_id, request.key_id), args=args))
+            keys=scripts.session_and_pod_keys(pool, sid, pod_id), args=args))
         if reply.denial is not None:
             return Refused(reply.denial)
+        await self._hold_keys([(request.key_id, sid)], c.hold_ms)
         return Session(
             session_id=sid,
             pool=reply.pool,
@@ -176,14 +199,15 @@ class Admissions:
         )
 
     async def release(self, session: Session) -> None:
-        args = scripts.ReleaseArgs(session.session_id, session.conn, session.key_id,
-                                   self.config.hold_ms)
-        await self._release(keys=_keys(session), args=args)
+        args = scripts.ReleaseArgs(session.session_id, session.conn, self.config.hold_ms)
+        if await self._release(keys=_keys(session), args=args):
+            await self._drop_keys([session])
 
     async def detach(self, session: Session) -> None:
-        args = scripts.DetachArgs(session.session_id, session.conn,
-                                  int(self.config.resume_grace_seconds * 1000), session.key_id)
-        await self._detach(keys=_keys(session), args=args)
+        grace_ms = int(self.config.resume_grace_seconds * 1000)
+        args = scripts.DetachArgs(session.session_id, session.conn, grace_ms)
+        if await self._detach(keys=_keys(session), args=args):
+            await self._hold_keys([session], grace_ms)
 
     async def renew(self, sessions: Iterable[Session]) -> list[bool]:
         """Extend every lease in one round trip (a second one rebuilds the records that
@@ -194,15 +218,51 @@ class Admissions:
 
     async def _renew_all(self, sessions: list[Session], whole: bool) -> list[int]:
         hold_ms = self.config.hold_ms
-        renewed = [scripts.RenewArgs(s.session_id, s.conn, s.pod_id, s.key_id) for s in sessions]
-        if not whole:  # the common case: one call for all of them
-            many_keys, many_args = scripts.renew_many(hold_ms, renewed)
-            return [int(r) for r in await self._renew_many(keys=many_keys, args=many_args)]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for s, one in zip(sessions, renewed, strict=True):
-                one_keys, one_args = scripts.renew_whole(hold_ms, one, s.fields())
-                await self._renew_whole(keys=one_keys, args=one_args, client=pipe)
-            return [int(r) for r in await pipe.execute()]
+        replies = await (self._renew_records if whole else self._renew_by_pool)(sessions)
+        kept = (scripts.Renewed.RENEWED, scripts.Renewed.POD_SILENT)
+        await self._hold_keys([s for s, r in zip(sessions, replies, strict=True) if r in kept],
+                              hold_ms)
+        return replies
+
+    async def _renew_by_pool(self, sessions: list[Session]) -> list[int]:
+        """The common case: one RENEW_MANY per pool (a slot each), in one round trip."""
+        by_pool: dict[str, list[int]] = collections.defaultdict(list)
+        for i, s in enumerate(sessions):
+            by_pool[s.pool].append(i)
+        results = await _run_scripts(self.redis, [
+            (self._renew_many, *scripts.renew_many(self.config.hold_ms,
+                                                   [_renewal(sessions[i]) for i in indices]))
+            for indices in by_pool.values()])
+        replies = [0] * len(sessions)
+        for indices, result in zip(by_pool.values(), results, strict=True):
+            for i, reply in zip(indices, result, strict=True):
+                replies[i] = int(reply)
+        return replies
+
+    async def _renew_records(self, sessions: list[Session]) -> list[int]:
+        """Renew and write back the records Redis lost, one RENEW_WHOLE each."""
+        results = await _run_scripts(self.redis, [
+            (self._renew_whole, *scripts.renew_whole(self.config.hold_ms, _renewal(s), s.fields()))
+            for s in sessions])
+        return [int(r) for r in results]
+
+    async def _hold_keys(self, sessions: Sequence[Session | tuple[str, str]], ms: int) -> None:
+        """Count these sessions against their API keys for ``ms`` more: one KEY_HOLD per
+        key (a slot each), in one round trip; none for sessions without a key."""
+        await self._per_key(sessions, lambda sids: [ms, *sids], self._key_hold)
+
+    async def _drop_keys(self, sessions: Sequence[Session | tuple[str, str]]) -> None:
+        await self._per_key(sessions, list, self._key_drop)
+
+    async def _per_key(self, sessions: Sequence[Session | tuple[str, str]],
+                       argv: Callable[[list[str]], scripts.Argv], script: AsyncScript) -> None:
+        by_key: dict[str, list[str]] = collections.defaultdict(list)
+        for s in sessions:
+            key_id, sid = (s.key_id, s.session_id) if isinstance(s, Session) else s
+            if key_id:
+                by_key[key_id].append(sid)
+        await _run_scripts(self.redis, [(script, [keys.key_sessions(key_id)], argv(sids))
+                                        for key_id, sids in by_key.items()])
 
     async def keep_detached(self, held: list[Detached]) -> list[bool]:
         """Keep the records of sessions this router detached (rebuilding those Redis
@@ -211,18 +271,50 @@ class Admissions:
         return [reply == scripts.Kept.KEPT for reply in replies]
 
     async def _keep_all(self, held: list[Detached], whole: bool) -> list[int]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for d in held:
-                s = d.session
-                args = scripts.KeepDetachedArgs(s.session_id, s.router, d.remaining_ms, s.key_id)
-                await self._keep_detached(keys=_keys(s),
-                                          args=[*args, *s.fields()] if whole else args,
-                                          client=pipe)
-            return [int(r) for r in await pipe.execute()]
+        calls: list[ScriptCall] = []
+        for d in held:
+            s = d.session
+            args = scripts.KeepDetachedArgs(s.session_id, s.router, d.remaining_ms)
+            calls.append((self._keep_detached, _keys(s), [*args, *s.fields()] if whole else args))
+        replies = [int(r) for r in await _run_scripts(self.redis, calls)]
+        if whole:  # the records written back count against their keys again, in one trip
+            await _run_scripts(self.redis, [
+                (self._key_hold, [keys.key_sessions(d.session.key_id)],
+                 [d.remaining_ms, d.session.session_id])
+                for d, reply in zip(held, replies, strict=True)
+                if reply == scripts.Kept.KEPT and d.session.key_id])
+        return replies
+
+
+ScriptCall = tuple[AsyncScript, Sequence[str], Sequence[str | int]]
+# Well under the cluster client's 100 connections per node, each call holding one.
+CLUSTER_CALLS_AT_ONCE = 32
+
+
+async def _run_scripts(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Script calls in one round trip on one Redis (a pipeline); on a Redis Cluster, whose
+    pipelines take no script (redis-py refuses EVALSHA there), side by side, each sent to
+    the node of its slot, :data:`CLUSTER_CALLS_AT_ONCE` at a time."""
+    if not calls:
+        return []
+    if redis_clients.is_cluster(redis):
+        replies: list[Any] = []
+        for i in range(0, len(calls), CLUSTER_CALLS_AT_ONCE):
+            replies += await asyncio.gather(*(run(keys=k, args=a) for run, k, a
+                                              in calls[i:i + CLUSTER_CALLS_AT_ONCE]))
+        return replies
+    async with redis.pipeline(transaction=False) as pipe:
+        for run, k, a in calls:
+            await run(keys=k, args=a, client=pipe)
+        return list(await pipe.execute())
 
 
 def _keys(session: Session) -> scripts.SessionKeys:
-    return scripts.SessionKeys.of(session.session_id, session.pod_id, session.key_id)
+    return scripts.SessionKeys.of(session.pool, session.session_id, session.pod_id)
+
+
+def _renewal(session: Session) -> scripts.RenewArgs:
+    return scripts.RenewArgs(session.session_id, session.conn, session.pool, session.pod_id)
 
 
 async def _rebuilding_lost(

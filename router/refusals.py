@@ -59,6 +59,13 @@ def bad_resume_token() -> Refusal:
     return Refusal("unknown or expired resume token", ErrorCode.BAD_RESUME_TOKEN, CloseCode.POLICY)
 
 
+def old_resume_token() -> Refusal:
+    """A token of a router from before tokens named their pool (router.tokens): refused
+    once, on upgrade, saying why, under the code of any other unusable token."""
+    return Refusal("resume token from before a router upgrade (it names no pool); start a "
+                   "new stream", ErrorCode.BAD_RESUME_TOKEN, CloseCode.POLICY)
+
+
 def pod_gone() -> Refusal:
     return Refusal(
         "the pod serving this session is gone; start a new stream",

@@ -11,6 +11,16 @@ Python key builders (:mod:`asrpool.router.keys`, :mod:`asrpool.common.registry`,
 the order of a tuple's fields is the script's calling convention: change them together.
 A script whose keys depend on Redis's contents (ADMIT's pods, RESUME's pod) is given
 them by its caller, which read them first, and checks them against what it finds.
+
+Every script's keys are in one Redis Cluster slot: a pool's scripts touch only that
+pool's keys (``asrpool:{POOL}:...``), and an API key's count, which crosses pools, has
+scripts of its own in its own slot (KEY_RESERVE before ADMIT, KEY_DROP when ADMIT
+refuses or the session ends, KEY_HOLD after each script that keeps a session). So a
+key's ``max_streams`` is no longer checked in the same atomic step as the pod's slot:
+it is reserved first, conservatively (two admissions racing for a key's last stream
+never both get it; one may be refused though the other then fails to find a slot),
+and a release racing a renewal of the same session may leave it counted against its
+key until its hold ends.
 """
 
 from __future__ import annotations
@@ -67,11 +77,6 @@ local function count(key, until_ms, sid)
   redis.call('ZADD', key, until_ms, sid)
   keep(key, until_ms - now)
 end
--- count a session against its pod and, when it has one, its API key
-local function hold(pod_sessions, key_sessions, key_id, until_ms, sid)
-  count(pod_sessions, until_ms, sid)
-  if key_id ~= '' then count(key_sessions, until_ms, sid) end
-end
 -- a request of the pool refused 'busy', for the operator's demand (common.waiting)
 local function refused(key, id)
   redis.call('ZADD', key, now, id)
@@ -82,24 +87,58 @@ end
 
 
 class SessionKeys(NamedTuple):
-    """The keys of one session's record and its counts: every script of one session
-    takes them first, in this order."""
+    """The keys of one session's record and its pod's count (all in its pool's slot):
+    every script of one session takes them first, in this order."""
 
     session: str
     ended: str  # the tombstone of a released session
     pod_sessions: str
-    key_sessions: str  # touched only for a session that has an API key
 
     @classmethod
-    def of(cls, sid: str, pod_id: str, key_id: str) -> SessionKeys:
-        record = keys.session(sid)
-        return cls(record, keys.ended(sid), keys.pod_sessions(pod_id), keys.key_sessions(key_id))
+    def of(cls, pool: str, sid: str, pod_id: str) -> SessionKeys:
+        return cls(keys.session(pool, sid), keys.ended(pool, sid),
+                   keys.pod_sessions(pool, pod_id))
+
+
+class KeyArgs(NamedTuple):
+    """KEY_RESERVE's ARGV, in order (its KEYS: the API key's ``keys.key_sessions``)."""
+
+    sid: str
+    limit: int  # 0: no limit
+    pending_ms: int
+
+
+# Count a new session against its API key, unless the key already has ``limit``
+# sessions (another session's count, not this one's). Returns 1 when counted.
+KEY_RESERVE = _PRELUDE + """
+local sid, limit = ARGV[1], tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if limit > 0 and not redis.call('ZSCORE', KEYS[1], sid)
+    and redis.call('ZCARD', KEYS[1]) >= limit then
+  return 0
+end
+count(KEYS[1], now + tonumber(ARGV[3]), sid)
+return 1
+"""
+
+# Count sessions of one API key for ms more. ARGV: ms, then the session ids.
+KEY_HOLD = _PRELUDE + """
+local until_ms = now + tonumber(ARGV[1])
+for i = 2, #ARGV do count(KEYS[1], until_ms, ARGV[i]) end
+return 1
+"""
+
+# Stop counting sessions against their API key. ARGV: the session ids.
+KEY_DROP = """
+return redis.call('ZREM', KEYS[1], unpack(ARGV))
+"""
 
 
 class AdmitKeys(NamedTuple):
-    """ADMIT's KEYS, in order; each candidate pod's hash and session count follow."""
+    """ADMIT's KEYS, in order (all in the pool's slot); each candidate pod's hash and
+    session count follow."""
 
-    pools: str
+    known: str
     pool_pods: str
     members: str
     queue: str
@@ -108,27 +147,25 @@ class AdmitKeys(NamedTuple):
     key_queue: str
     refused: str
     session: str
-    key_sessions: str
 
     @classmethod
     def of(cls, pool: str, sid: str, key_id: str) -> AdmitKeys:
-        return cls(registry.POOLS_KEY, registry.pool_pods_key(pool),
+        return cls(registry.pool_known_key(pool), registry.pool_pods_key(pool),
                    registry.pool_members_key(pool), keys.pool_queue(pool),
                    waiting.queue_leases_key(pool), keys.queue_seq(pool),
-                   keys.key_queue(pool, key_id), waiting.refusals_key(pool), keys.session(sid),
-                   keys.key_sessions(key_id))
+                   keys.key_queue(pool, key_id), waiting.refusals_key(pool),
+                   keys.session(pool, sid))
 
-    def with_pods(self, pod_ids: Sequence[str]) -> list[str]:
-        return [*self, *(k for pod_id in pod_ids
-                          for k in (registry.pod_key(pod_id), keys.pod_sessions(pod_id)))]
+    def with_pods(self, pool: str, pod_ids: Sequence[str]) -> list[str]:
+        return [*self, *(k for pod_id in pod_ids for k in (registry.pod_key(pool, pod_id),
+                                                            keys.pod_sessions(pool, pod_id)))]
 
 
 class AdmitArgs(NamedTuple):
     """ADMIT's ARGV, in order; the candidate pods' ids follow (in the order of their keys)."""
 
     sid: str
-    key_id: str
-    key_limit: int
+    key_id: str  # its queue, and the record (its count: KEY_RESERVE before ADMIT)
     policy: str
     hold_ms: int
     ticket: str
@@ -177,24 +214,16 @@ end
 """
 
 ADMIT = _PRELUDE + _LOAD + """
-local K_POOLS, K_PODS, K_MEMBERS, K_QUEUE, K_LEASES, K_SEQ, K_KEY_QUEUE, K_REFUSED,
-  K_SESSION, K_KEY_SESSIONS = unpack(KEYS, 1, 10)
-local sid, key_id = ARGV[1], ARGV[2]
-local key_limit, policy = tonumber(ARGV[3]), ARGV[4]
-local hold_ms = tonumber(ARGV[5])
-local ticket, ticket_lease_ms = ARGV[6], tonumber(ARGV[7])
-local queue_max, queue_max_per_key = tonumber(ARGV[12]), tonumber(ARGV[13])
-local members_required, pool = ARGV[14] == '1', ARGV[15]
-local FIRST_POD = 16
+local K_KNOWN, K_PODS, K_MEMBERS, K_QUEUE, K_LEASES, K_SEQ, K_KEY_QUEUE, K_REFUSED,
+  K_SESSION = unpack(KEYS, 1, 9)
+local sid, key_id, policy = ARGV[1], ARGV[2], ARGV[3]
+local hold_ms = tonumber(ARGV[4])
+local ticket, ticket_lease_ms = ARGV[5], tonumber(ARGV[6])
+local queue_max, queue_max_per_key = tonumber(ARGV[11]), tonumber(ARGV[12])
+local members_required, pool = ARGV[13] == '1', ARGV[14]
+local FIRST_POD, FIRST_POD_KEY = 15, 10
 
-if redis.call('SISMEMBER', K_POOLS, pool) == 0 then return {'unknown_pool'} end
-
-if key_id ~= '' then
-  redis.call('ZREMRANGEBYSCORE', K_KEY_SESSIONS, '-inf', now)
-  if key_limit > 0 and redis.call('ZCARD', K_KEY_SESSIONS) >= key_limit then
-    return {'key_limit'}
-  end
-end
+if redis.call('EXISTS', K_KNOWN) == 0 then return {'unknown_pool'} end
 
 redis.call('ZREMRANGEBYSCORE', K_PODS, '-inf', now)
 -- a heartbeat alone does not make a pod: once the pool's real pods are listed (by the
@@ -209,7 +238,7 @@ local best = nil
 local free_total = 0
 for i = FIRST_POD, #ARGV do
   local pod_id = ARGV[i]
-  local k = 11 + 2 * (i - FIRST_POD)
+  local k = FIRST_POD_KEY + 2 * (i - FIRST_POD)
   local pod = redis.call('ZSCORE', K_PODS, pod_id) and load(pod_id, KEYS[k], KEYS[k + 1])
   if pod and not pod.draining and pod.free > 0 and real(pod) then
     free_total = free_total + pod.free
@@ -257,10 +286,10 @@ if ticket ~= '' then
   redis.call('ZREM', K_KEY_QUEUE, ticket)
 end
 
-hold(best.sessions, K_KEY_SESSIONS, key_id, now + tonumber(ARGV[11]), sid)
+count(best.sessions, now + tonumber(ARGV[10]), sid)
 redis.call('HSET', K_SESSION, 'session_id', sid, 'pool', pool, 'pod', best.id,
-  'address', best.address, 'key_id', key_id, 'started_ms', now, 'router', ARGV[8],
-  'token_sha', ARGV[9], 'conn', ARGV[10], 'state', 'reserved')
+  'address', best.address, 'key_id', key_id, 'started_ms', now, 'router', ARGV[7],
+  'token_sha', ARGV[8], 'conn', ARGV[9], 'state', 'reserved')
 redis.call('PEXPIRE', K_SESSION, hold_ms)
 return {'ok', best.id, best.address, tostring(now)}
 """
@@ -302,7 +331,6 @@ class AttachArgs(NamedTuple):
     sid: str
     conn: str
     hold_ms: int
-    key_id: str
     pod_resume_token: str
     pod_session_id: str
 
@@ -312,10 +340,10 @@ class AttachArgs(NamedTuple):
 # no longer this connection's.
 ATTACH = _PRELUDE + """
 if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'attached', 'pod_resume_token', ARGV[5],
-  'pod_session_id', ARGV[6])
+redis.call('HSET', KEYS[1], 'state', 'attached', 'pod_resume_token', ARGV[4],
+  'pod_session_id', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-hold(KEYS[3], KEYS[4], ARGV[4], now + tonumber(ARGV[3]), ARGV[1])
+count(KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
 return 1
 """
 
@@ -323,8 +351,8 @@ return 1
 # (SessionKeys, then its pod's hash) and ``fields`` its record's field/value pairs, when
 # they are to be written back. ``alive`` caches each pod's heartbeat over one script.
 _RENEW_ONE = """
-local function renew(k, sid, conn, hold_ms, key_id, fields, alive)
-  local skey, pod_hash = KEYS[k], KEYS[k + 4]
+local function renew(k, sid, conn, hold_ms, fields, alive)
+  local skey, pod_hash = KEYS[k], KEYS[k + 3]
   local owner = redis.call('HGET', skey, 'conn')
   if owner and owner ~= conn then return 0 end
   if redis.call('EXISTS', KEYS[k + 1]) == 1 then return 0 end
@@ -333,7 +361,7 @@ local function renew(k, sid, conn, hold_ms, key_id, fields, alive)
     redis.call('HSET', skey, 'conn', conn, unpack(fields))
   end
   redis.call('PEXPIRE', skey, hold_ms)
-  hold(KEYS[k + 2], KEYS[k + 3], key_id, now + hold_ms, sid)
+  count(KEYS[k + 2], now + hold_ms, sid)
   if alive[pod_hash] == nil then alive[pod_hash] = redis.call('EXISTS', pod_hash) == 1 end
   if not alive[pod_hash] then return 2 end
   return 1
@@ -342,41 +370,42 @@ end
 
 
 class RenewArgs(NamedTuple):
-    """One session in RENEW_MANY's ARGV (after the hold), in order; its KEYS are its
-    :class:`SessionKeys` and its pod's hash (:meth:`key_names`)."""
+    """One session: its sid and conn are in RENEW_MANY's ARGV (after the hold), in
+    order; its KEYS are its :class:`SessionKeys` and its pod's hash (:meth:`key_names`).
+    One call renews sessions of one pool (one slot)."""
 
     sid: str
     conn: str
+    pool: str
     pod: str
-    key_id: str
 
     def key_names(self) -> list[str]:
-        return session_and_pod_keys(self.sid, self.pod, self.key_id)
+        return session_and_pod_keys(self.pool, self.sid, self.pod)
 
 
-def session_and_pod_keys(sid: str, pod_id: str, key_id: str) -> list[str]:
+def session_and_pod_keys(pool: str, sid: str, pod_id: str) -> list[str]:
     """A session's :class:`SessionKeys`, then its pod's hash: RENEW's and RESUME's KEYS."""
-    return [*SessionKeys.of(sid, pod_id, key_id), registry.pod_key(pod_id)]
+    return [*SessionKeys.of(pool, sid, pod_id), registry.pod_key(pool, pod_id)]
 
 
 RENEW_KEYS = len(SessionKeys._fields) + 1  # KEYS per renewed session
 
 
 def renew_many(hold_ms: int, sessions: Sequence[RenewArgs]) -> tuple[list[str], Argv]:
-    """RENEW_MANY's KEYS and ARGV for these sessions."""
+    """RENEW_MANY's KEYS and ARGV for these sessions (of one pool)."""
     return ([k for s in sessions for k in s.key_names()],
-            [hold_ms, *(value for s in sessions for value in (s.sid, s.conn, s.key_id))])
+            [hold_ms, *(value for s in sessions for value in (s.sid, s.conn))])
 
 
 # Renew many sessions' leases in one call (a router renews all its sessions every
 # third of a lease: one command per session cost the relay's loop more than the
-# relaying). ARGV: hold_ms, then sid, conn, key_id of each session. Returns each one's
-# reply (Renewed).
+# relaying), one call per pool. ARGV: hold_ms, then sid, conn of each session. Returns
+# each one's reply (Renewed).
 RENEW_MANY = _PRELUDE + _RENEW_ONE + """
 local hold_ms, replies, alive = tonumber(ARGV[1]), {}, {}
-for i = 2, #ARGV, 3 do
-  local k = 1 + RENEW_KEYS * ((i - 2) / 3)
-  replies[#replies + 1] = renew(k, ARGV[i], ARGV[i + 1], hold_ms, ARGV[i + 2], nil, alive)
+for i = 2, #ARGV, 2 do
+  local k = 1 + RENEW_KEYS * ((i - 2) / 2)
+  replies[#replies + 1] = renew(k, ARGV[i], ARGV[i + 1], hold_ms, nil, alive)
 end
 return replies
 """.replace("RENEW_KEYS", str(RENEW_KEYS))
@@ -384,14 +413,14 @@ return replies
 
 def renew_whole(hold_ms: int, session: RenewArgs, fields: Sequence[str]) -> tuple[list[str], Argv]:
     """RENEW_WHOLE's KEYS and ARGV: the session, then its record's field/value pairs."""
-    return session.key_names(), [session.sid, session.conn, hold_ms, session.key_id, *fields]
+    return session.key_names(), [session.sid, session.conn, hold_ms, *fields]
 
 
 # Renew one session and write its record back (after RENEW_MANY answered LOST).
 RENEW_WHOLE = _PRELUDE + _RENEW_ONE + """
 local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
-return renew(1, ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], fields, {})
+for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+return renew(1, ARGV[1], ARGV[2], tonumber(ARGV[3]), fields, {})
 """
 
 
@@ -400,7 +429,6 @@ class ReleaseArgs(NamedTuple):
 
     sid: str
     conn: str
-    key_id: str
     tombstone_ms: int
 
 
@@ -412,9 +440,8 @@ RELEASE = """
 local owner = redis.call('HGET', KEYS[1], 'conn')
 if owner and owner ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[4]))
+redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[3]))
 redis.call('ZREM', KEYS[3], ARGV[1])
-if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[1]) end
 return 1
 """
 
@@ -425,7 +452,6 @@ class DetachArgs(NamedTuple):
     sid: str
     conn: str
     grace_ms: int
-    key_id: str
 
 
 # The client went away but the pod keeps the slot for a resume: hold the record (and
@@ -435,7 +461,7 @@ if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[2] then return 0 end
 local grace_ms = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'conn', '', 'state', 'detached')
 redis.call('PEXPIRE', KEYS[1], grace_ms)
-hold(KEYS[3], KEYS[4], ARGV[4], now + grace_ms, ARGV[1])
+count(KEYS[3], now + grace_ms, ARGV[1])
 return 1
 """
 
@@ -447,7 +473,6 @@ class KeepDetachedArgs(NamedTuple):
     sid: str
     router: str
     remaining_ms: int  # of the resume grace
-    key_id: str
 
 
 # The router that detached a session keeps its record for the resume grace: a record
@@ -461,13 +486,13 @@ if h[1] then
   if h[1] ~= 'detached' or h[2] ~= ARGV[2] or h[3] ~= '' then return 0 end
   return 1
 end
-if #ARGV == 4 then return 3 end
+if #ARGV == 3 then return 3 end
 local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'conn', '', 'state', 'detached')
 redis.call('PEXPIRE', KEYS[1], remaining)
-hold(KEYS[3], KEYS[4], ARGV[4], now + remaining, sid)
+count(KEYS[3], now + remaining, sid)
 return 1
 """
 
@@ -511,10 +536,10 @@ if not h[1] or h[1] ~= ARGV[2] or h[4] ~= ARGV[3] or not h[5] or h[5] == ''
     or h[2] ~= ARGV[7] then
   return {'bad_resume_token'}
 end
-if redis.call('EXISTS', KEYS[5]) == 0 then return {'pod_gone'} end
+if redis.call('EXISTS', KEYS[4]) == 0 then return {'pod_gone'} end
 local hold_ms = tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], 'conn', ARGV[4], 'router', ARGV[6], 'state', 'resuming')
 redis.call('PEXPIRE', KEYS[1], hold_ms)
-hold(KEYS[3], KEYS[4], ARGV[3], now + hold_ms, ARGV[1])
+count(KEYS[3], now + hold_ms, ARGV[1])
 return {'ok', h[3], h[5], h[6], h[7]}
 """

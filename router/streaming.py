@@ -97,7 +97,7 @@ async def _start(
         await refuse(ws, refusals.unknown_pool(asked), deps)
         return
     pool = resolved
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint(pool, tokens.new_session_id())
     request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
     started = time.perf_counter()
     gone = asyncio.Event()
@@ -142,9 +142,10 @@ async def _resume(
 ) -> None:
     token = tokens.parse(text)
     if token is None:
-        await refuse(ws, refusals.bad_resume_token(), deps)
+        old = tokens.is_old(text)
+        await refuse(ws, refusals.old_resume_token() if old else refusals.bad_resume_token(), deps)
         return
-    request = admissions.Request("", key.id, 0, token, conn)
+    request = admissions.Request(token.pool, key.id, 0, token, conn)
     placed = await _placed_or_unavailable(placing.resume(request, deps), "resume", deps)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)

@@ -3,7 +3,7 @@ admission or upgrade work: a client that opens and closes streams as fast as it 
 gets HTTP 429 (with ``Retry-After``) and costs neither Redis nor a pod.
 
 A refusal here is no demand for the pool: nothing is written to Redis, so
-``asrpool:pool:{pool}:refused`` (what the operator scales on) does not count it.
+``asrpool:{POOL}:refused`` (what the operator scales on) does not count it.
 The limits are the router's, not a worker's: each of its ``--workers`` processes keeps
 its own buckets and enforces its share (``1/workers`` of the rate and of the burst; the
 kernel spreads a client's connections over the workers' sockets). Router replicas each

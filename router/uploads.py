@@ -60,7 +60,7 @@ async def transcribe(
     if resolved is None:
         return _refusal(refusals.unknown_pool(asked), deps)
     pool = resolved
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint(pool, tokens.new_session_id())
     ask = admissions.Request(pool, key.id, key.max_streams or 0, token, uuid.uuid4().hex)
     gone = asyncio.ensure_future(bodies.disconnected(request))
     try:

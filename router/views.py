@@ -43,7 +43,7 @@ class PodView:
 
 
 async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat, now_ms: int) -> PodView:
-    live = await redis.zcount(keys.pod_sessions(beat.pod_id), f"({now_ms}", "+inf")
+    live = await redis.zcount(keys.pod_sessions(beat.pool, beat.pod_id), f"({now_ms}", "+inf")
     return PodView(beat, live)
 
 

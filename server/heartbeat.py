@@ -21,21 +21,21 @@ logger = logging.getLogger(__name__)
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError, asyncio.TimeoutError)
 
 
-async def claim_at_start(redis_client: aioredis.Redis, pod_id: str, instance: str,
+async def claim_at_start(redis_client: aioredis.Redis, pool: str, pod_id: str, instance: str,
                          lease_ms: int) -> None:
     """Hold the pod id for this process (raises ``registry.PodIdTaken``); an unreachable
     Redis is no reason not to start: the beats claim it once Redis answers."""
     try:
-        await registry.claim_at_start(redis_client, pod_id, instance, lease_ms)
+        await registry.claim_at_start(redis_client, pool, pod_id, instance, lease_ms)
     except REDIS_ERRORS as exc:
         logger.warning("cannot claim pod id %s in Redis yet (will retry): %s", pod_id, exc)
 
 
-async def hold(redis_client: aioredis.Redis, pod_id: str, instance: str,
+async def hold(redis_client: aioredis.Redis, pool: str, pod_id: str, instance: str,
                lease_ms: int) -> None:
     """Renew the claim while the model loads (no beat is written before it is ready)."""
     with contextlib.suppress(*REDIS_ERRORS):
-        await registry.claim(redis_client, pod_id, instance, lease_ms)
+        await registry.claim(redis_client, pool, pod_id, instance, lease_ms)
 
 
 async def run(redis_client: aioredis.Redis, snapshot: Callable[[], registry.PodHeartbeat],

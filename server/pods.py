@@ -79,8 +79,9 @@ class Pod:
     async def start(self) -> None:
         if self.deps.redis is not None:
             try:
-                await heartbeat.claim_at_start(self.deps.redis, self.settings.pod_id,
-                                               self.instance, self.settings.heartbeat_lease_ms)
+                await heartbeat.claim_at_start(self.deps.redis, self.settings.pool,
+                                               self.settings.pod_id, self.instance,
+                                               self.settings.heartbeat_lease_ms)
             except registry.PodIdTaken as exc:
                 logger.error("cannot start: %s", exc)
                 self.failure = exc
@@ -269,7 +270,8 @@ class Pod:
     async def _heartbeat(self, redis: aioredis.Redis) -> None:
         lease_ms = self.settings.heartbeat_lease_ms
         while self.state is State.LOADING:
-            await heartbeat.hold(redis, self.settings.pod_id, self.instance, lease_ms)
+            await heartbeat.hold(redis, self.settings.pool, self.settings.pod_id,
+                                 self.instance, lease_ms)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._heartbeat_wake.wait(), 0.5)
             self._heartbeat_wake.clear()

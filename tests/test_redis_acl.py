@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from asrpool.common import redis_acl, redis_clients, registry, seeds
+from asrpool.router import keys
 from tests.support import polling, redis_servers, servers
 
 SEED = "operator-seed"
@@ -45,7 +46,7 @@ async def pod_b(admin: aioredis.Redis, redis_server: redis_servers.RedisServer
 
 async def test_a_pod_user_beats_claims_and_withdraws_in_its_own_namespace(
         pod_b: aioredis.Redis, admin: aioredis.Redis) -> None:
-    await registry.claim_at_start(pod_b, "b/stt-1", "me")
+    await registry.claim_at_start(pod_b, "b/stt", "b/stt-1", "me")
     assert await registry.write_heartbeat(pod_b, _beat("b/stt-1", "b/stt"), instance="me",
                                           announce=False)
     assert [beat.pod_id for beat in await registry.read_pool(admin, "b/stt")] == ["b/stt-1"]
@@ -64,7 +65,7 @@ async def test_a_pod_user_cannot_register_outside_its_namespace(
     with pytest.raises(redis.exceptions.ResponseError, match="one of the keys"):
         await registry.write_heartbeat(pod_b, _beat(pod_id, pool), announce=False)
     assert await registry.read_pool(admin, pool) == []
-    assert not await admin.exists(registry.pod_key(pod_id))
+    assert not await admin.exists(registry.pod_key(pool, pod_id))
 
 
 async def test_a_pod_user_cannot_list_members_announce_pools_or_touch_sessions(
@@ -76,9 +77,10 @@ async def test_a_pod_user_cannot_list_members_announce_pools_or_touch_sessions(
     assert await admin.hgetall(registry.pool_members_key("a/stt")) == {
         registry.MEMBERS_SENTINEL.encode(): b"", b"a/stt-1": b"10.0.0.1"}
     with pytest.raises(redis.exceptions.ResponseError, match="one of the keys"):
-        await registry.write_heartbeat(pod_b, _beat("b/stt-1", "b/stt"))  # announce: pools set
+        await registry.write_heartbeat(pod_b, _beat("b/stt-1", "b/stt"))  # announce: known
     assert await admin.smembers(registry.POOLS_KEY) == {b"a/stt"}
-    for key in (f"{registry.KEY_PREFIX}:session:s1", f"{registry.KEY_PREFIX}:pool:a/stt:queue"):
+    for key in (keys.session("b/stt", "s1"), keys.pool_queue("a/stt"), keys.pool_queue("b/stt"),
+                keys.pod_sessions("b/stt", "b/stt-1")):  # its own pod's session count too
         with pytest.raises(redis.exceptions.NoPermissionError):
             await pod_b.set(key, "x")
 
@@ -112,8 +114,8 @@ async def test_a_real_server_pod_heartbeats_with_its_namespace_user(
             "--no-announce-pool", "--advertise-address", "10.0.0.9:8080"]) as server:
         server.wait_ready()
         watcher = redis_server.client()
-        await polling.until(lambda: watcher.exists(registry.pod_key("b/stt-1")))
+        await polling.until(lambda: watcher.exists(registry.pod_key("b/stt", "b/stt-1")))
         assert [b.pod_id for b in await registry.read_pool(admin, "b/stt")] == ["b/stt-1"]
         assert "heartbeat to Redis failed" not in server.log()
         server.stop()  # a clean exit withdraws the pod, with the same user
-        assert not watcher.exists(registry.pod_key("b/stt-1"))
+        assert not watcher.exists(registry.pod_key("b/stt", "b/stt-1"))

@@ -121,3 +121,15 @@ def test_a_username_replaces_any_user_and_password_of_a_url() -> None:
         "redis://asrpool-pods-a@host:6379/0"
     assert redis_clients.with_username("rediss://op:pw@host:6380/2", "asrpool-pods-a") == \
         "rediss://asrpool-pods-a@host:6380/2"
+
+
+def test_a_cluster_is_named_by_its_urls_scheme() -> None:
+    assert redis_clients.is_cluster("redis+cluster://10.0.0.1:7000/0")
+    assert redis_clients.is_cluster("rediss+cluster://redis.example:7000")
+    assert not redis_clients.is_cluster("redis://10.0.0.1:6379/0")
+    assert not redis_clients.is_cluster("rediss://redis.example:6380/2")
+    assert redis_clients.plain_url("rediss+cluster://u@h:7000/0") == "rediss://u@h:7000/0"
+    assert redis_clients.with_username("redis+cluster://h:7000/0", "pods") == \
+        "redis+cluster://pods@h:7000/0"
+    assert redis_clients.without_password("redis+cluster://u:pw@h:7000/0") == \
+        "redis+cluster://u:***@h:7000/0"

@@ -8,17 +8,20 @@ every pass (a restarted Redis has it again within one pass), whose keys are only
 server pod writes for a pool of that namespace (registry: pod ids and pool names are
 NAMESPACE/NAME there):
 
-- ``asrpool:pod:NS/*``: the pod's heartbeat hash and its owner key (and, since a glob
-  cannot stop at a colon, the session counts that routers keep of that namespace's pods:
-  a pod can skew its own namespace's accounting, never another's);
-- ``asrpool:pool:NS/*:pods``: its pool's lease set.
+- ``asrpool:{NS/*}:pod:NS/*``: the pod's heartbeat hash and its owner key, in a pool
+  of the namespace (every key of a pool starts ``asrpool:{POOL}``: registry.pool_tag;
+  the routers' session counts of a pod are ``pod-sessions:``, out of reach);
+- ``asrpool:{NS/*}:pods``: its pool's lease set.
+
+A glob's ``*`` crosses the closing brace, but what a key's brace opens with fixes its
+pool's namespace: a key these patterns match is always one of the namespace's pools.
 
 Not the members list (the operator's), the pools set (the operator adds the pool as it
 lists the members), sessions, API keys or queues. The commands are the few that the
 pod's scripts and its connection use; no keyless command that could touch another
 namespace (``FLUSHALL``, ``SCRIPT FLUSH``, ``KEYS``, ``CLIENT KILL``, ``ACL``) and no
 channel. Works on Redis 6.2 and later (the scripts' own calls are checked against the
-calling user).
+calling user), and on a Redis Cluster, where the user is set on every node.
 
 The password is derived from the operator's seed (asrpool.common.seeds) and sent to
 Redis only as its SHA-256 (``#hash``).
@@ -29,15 +32,18 @@ from __future__ import annotations
 import hashlib
 
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 
-from asrpool.common import registry
+from asrpool.common import redis_clients, registry
 
 POD_USER_PREFIX = "asrpool-pods-"
 # What a server pod sends: its scripts (registry: claim, beat, remove) and their calls,
 # redis-py's connection setup (AUTH, HELLO; CLIENT SETINFO is refused, which redis-py
-# ignores), and PING.
+# ignores), PING, and on a Redis Cluster the cluster client's map of slots to nodes
+# (CLUSTER SLOTS: addresses and slot ranges) and its table of commands (COMMAND); no key.
 POD_COMMANDS = ("auth", "hello", "select", "ping", "time", "evalsha", "eval", "script|load", "get",
-                "set", "del", "hset", "pexpire", "zadd", "zrem")
+                "set", "del", "hset", "pexpire", "zadd", "zrem", "cluster|slots",
+                "command")
 
 
 def pod_user(namespace: str) -> str:
@@ -47,8 +53,8 @@ def pod_user(namespace: str) -> str:
 
 def pod_key_patterns(namespace: str) -> list[str]:
     """The keys that user may touch (the namespace is a DNS label: no glob characters)."""
-    prefix = registry.KEY_PREFIX
-    return [f"{prefix}:pod:{namespace}/*", f"{prefix}:pool:{namespace}/*:pods"]
+    pools = registry.pool_tag(f"{namespace}/*")
+    return [f"{pools}:pod:{namespace}/*", f"{pools}:pods"]
 
 
 def pod_user_rules(namespace: str, password: str) -> list[str]:
@@ -61,6 +67,9 @@ def pod_user_rules(namespace: str, password: str) -> list[str]:
 
 async def ensure_pod_user(redis: aioredis.Redis, namespace: str, password: str) -> None:
     """Create or restore ``namespace``'s pod user, exactly (raises Redis's error: a user
-    without ACL rights gets ``NoPermissionError``)."""
+    without ACL rights gets ``NoPermissionError``); on a Redis Cluster, on every node
+    (each keeps its own users)."""
+    nodes = {"target_nodes": aiocluster.RedisCluster.ALL_NODES} if redis_clients.is_cluster(
+        redis) else {}
     await redis.execute_command("ACL", "SETUSER", pod_user(namespace),
-                                *pod_user_rules(namespace, password))
+                                *pod_user_rules(namespace, password), **nodes)

@@ -7,20 +7,35 @@ path. One retry covers a connection left stale by a Redis restart.
 The password never travels in a URL, an argument or a ConfigMap: each part reads it
 from ``ASRPOOL_REDIS_PASSWORD`` (set from a Secret by the chart and the operator) or
 from the file named by ``ASRPOOL_REDIS_PASSWORD_FILE`` / ``--redis-password-file``.
+
+A Redis Cluster is named by its URL's scheme, ``redis+cluster://HOST:PORT`` (or
+``rediss+cluster://``, TLS), HOST:PORT being any one node: every part's ``--redis-url``
+takes it, and gets redis-py's ``RedisCluster``, which sends each command and each
+script to the node of its keys' slot. Every script the platform runs has its keys in
+one slot (``registry.pool_tag``), so the cluster client answers the calls the platform
+makes of a plain one (scripts, pipelines, single-key commands, ``TIME``), and
+:func:`connect` gives it under the plain client's type. What differs: several calls in
+one pipeline are sent node by node (:func:`is_cluster` tells the callers that run
+scripts in pipelines), and keyless commands go to one node.
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pydantic
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.asyncio.retry as aioretry
+import redis.cluster
 from redis import backoff, driver_info, retry
 
 from asrpool.common import environment
+
+CLUSTER_SCHEME_SUFFIX = "+cluster"  # redis+cluster://, rediss+cluster://
 
 
 class RedisPasswordError(ValueError):
@@ -60,15 +75,39 @@ class RedisCredentials(environment.Settings):
 
 def connect(url: str, timeout_seconds: float, *, password: str | None = None,
             decode_responses: bool = False) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, password=password, decode_responses=decode_responses,
-                                   **_deadlines(timeout_seconds))
+    """A client of the Redis (or, for a ``redis+cluster://`` URL, the Redis Cluster) at
+    ``url``. A cluster client is given as the plain client's type: it answers every
+    call the platform makes of one (see the module's docstring)."""
+    options = {"password": password, "decode_responses": decode_responses,
+               **_deadlines(timeout_seconds)}
+    if is_cluster(url):
+        options["retry"] = aioretry.Retry(backoff.NoBackoff(), 1)
+        return cast(aioredis.Redis, aiocluster.RedisCluster.from_url(plain_url(url), **options))
+    return aioredis.Redis.from_url(url, **options)
 
 
 def connect_sync(url: str, timeout_seconds: float, *, password: str | None = None,
                  decode_responses: bool = False) -> redis.Redis:
     """:func:`connect` for code without an event loop: the same deadlines and retry."""
-    return redis.Redis.from_url(url, password=password, decode_responses=decode_responses,
-                                **_deadlines(timeout_seconds))
+    options = {"password": password, "decode_responses": decode_responses,
+               **_deadlines(timeout_seconds)}
+    if is_cluster(url):
+        return cast(redis.Redis, redis.cluster.RedisCluster.from_url(plain_url(url), **options))
+    return redis.Redis.from_url(url, **options)
+
+
+def is_cluster(target: str | aioredis.Redis | redis.Redis) -> bool:
+    """Whether a URL names a Redis Cluster, or a client is a cluster's."""
+    if isinstance(target, str):
+        return urllib.parse.urlsplit(target).scheme.endswith(CLUSTER_SCHEME_SUFFIX)
+    return isinstance(target, aiocluster.RedisCluster | redis.cluster.RedisCluster)
+
+
+def plain_url(url: str) -> str:
+    """A ``redis+cluster://`` URL as redis-py's cluster client takes it (``redis://``)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.removesuffix(CLUSTER_SCHEME_SUFFIX)
+    return urllib.parse.urlunsplit(parts._replace(scheme=scheme))
 
 
 def _deadlines(timeout_seconds: float) -> dict[str, Any]:

@@ -1,18 +1,22 @@
 """The Redis slot registry: the key schema that server pods write and routers read.
 
-Every server pod heartbeats (at least once a second) into:
+Every key of one pool starts with ``asrpool:{POOL}`` (:func:`pool_tag`: one Redis Cluster
+hash slot per pool, so that the scripts can run on a cluster). Every server pod
+heartbeats (at least once a second) into:
 
-- ``asrpool:pod:{pod_id}``: a hash with the fields of :class:`PodHeartbeat`, on a
+- ``asrpool:{POOL}:pod:{pod_id}``: a hash with the fields of :class:`PodHeartbeat`, on a
   lease (``PEXPIRE``) so that a dead pod's hash vanishes within a few seconds;
-- ``asrpool:pool:{pool}:pods``: a sorted set of the pool's pod ids scored by the
+- ``asrpool:{POOL}:pods``: a sorted set of the pool's pod ids scored by the
   lease deadline in Unix milliseconds, so readers can drop dead pods without ``SCAN``;
-- ``asrpool:pools``: the set of pool names seen (added to by each beat, unless the pod
-  is told not to: under Redis ACLs a pod reaches only its own namespace's keys, and
-  whoever publishes a pool's members adds the pool instead).
+- ``asrpool:{POOL}:known``, set, and ``asrpool:pools``, the set of pool names seen, to
+  which the pool is added (by each beat, unless the pod is told not to: under Redis
+  ACLs a pod reaches only its own namespace's keys, and whoever publishes a pool's
+  members announces the pool instead). The routers' ADMIT checks ``known``, in the
+  pool's slot; the pools set, in a slot of its own, only lists pools for readers.
 
 A heartbeat alone does not make a pod. Whoever knows the pool's real pods (the operator
 from the cluster's pod list, the local platform from its own children) publishes them in
-``asrpool:pool:{pool}:members``, a hash of pod id to IP address; once it exists, routers
+``asrpool:{POOL}:members``, a hash of pod id to IP address; once it exists, routers
 admit only to a pod listed there whose heartbeat's address has that IP, so a process
 that writes a heartbeat (even under a real pod's id) receives no audio.
 
@@ -20,7 +24,7 @@ Readers must treat a pod as alive only while its hash exists and its score in th
 pool set is in the future. Every time in these keys is Redis's own (``TIME``), never a
 pod's clock, so a skewed pod cannot make itself immortal or dead to the routers.
 
-One pod id, one process: ``asrpool:pod:{pod_id}:owner`` names the process (a random
+One pod id, one process: ``asrpool:{POOL}:pod:{pod_id}:owner`` names the process (a random
 instance id) that holds the id, on the same lease. A process claims it at start
 (:func:`claim_at_start`, waiting out at most one lease of a crashed predecessor),
 renews it with every beat, and its writes and its removal at exit touch the pod's keys
@@ -51,16 +55,29 @@ def in_namespace(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def pod_key(pod_id: str) -> str:
-    return f"{KEY_PREFIX}:pod:{pod_id}"
+def pool_tag(pool: str) -> str:
+    """The start of every key of one pool, ``asrpool:{POOL}``: Redis Cluster hashes only
+    what is between the braces, so all of a pool's keys are in one slot and a script
+    may touch any of them (pool names are DNS names, ``NAMESPACE/NAME``: no brace)."""
+    return f"{KEY_PREFIX}:{{{pool}}}"
+
+
+def pod_key(pool: str, pod_id: str) -> str:
+    return f"{pool_tag(pool)}:pod:{pod_id}"
 
 
 def pool_pods_key(pool: str) -> str:
-    return f"{KEY_PREFIX}:pool:{pool}:pods"
+    return f"{pool_tag(pool)}:pods"
 
 
 def pool_members_key(pool: str) -> str:
-    return f"{KEY_PREFIX}:pool:{pool}:members"
+    return f"{pool_tag(pool)}:members"
+
+
+def pool_known_key(pool: str) -> str:
+    """Set while the pool is known to the routers (ADMIT checks it, in the pool's slot;
+    :data:`POOLS_KEY` lists the pools for readers and is never in a script)."""
+    return f"{pool_tag(pool)}:known"
 
 
 # A field no pod id can be (pod ids are DNS labels, or NAMESPACE/NAME of two): keeps the
@@ -70,19 +87,27 @@ MEMBERS_SENTINEL = "*"
 
 
 async def publish_members(redis: aioredis.Redis, pool: str, members: dict[str, str]) -> None:
-    """Replace the pool's list of real pods (pod id to IP address), atomically, and add
-    the pool to the pools set (its pods may not: ``write_heartbeat``'s ``announce``)."""
+    """Replace the pool's list of real pods (pod id to IP address), atomically, and make
+    the pool known (its pods may not: ``write_heartbeat``'s ``announce``)."""
     key = pool_members_key(pool)
     fields: dict[Any, Any] = {MEMBERS_SENTINEL: "", **members}
     async with redis.pipeline(transaction=True) as tx:
         tx.delete(key)
         tx.hset(key, mapping=fields)
-        tx.sadd(POOLS_KEY, pool)
+        tx.set(pool_known_key(pool), "1")
         await tx.execute()
+    await redis.sadd(POOLS_KEY, pool)
 
 
-def pod_owner_key(pod_id: str) -> str:
-    return f"{KEY_PREFIX}:pod:{pod_id}:owner"
+async def announce(redis: aioredis.Redis, pool: str) -> None:
+    """Make the pool known to the routers (its ``known`` key, in its slot) and list it
+    in the pools set (another slot, so a second command)."""
+    await redis.set(pool_known_key(pool), "1")
+    await redis.sadd(POOLS_KEY, pool)
+
+
+def pod_owner_key(pool: str, pod_id: str) -> str:
+    return f"{pod_key(pool, pod_id)}:owner"
 
 
 def now_ms() -> int:
@@ -123,7 +148,7 @@ _CLAIM = _PRELUDE + """
 return owns(tonumber(ARGV[2])) and 1 or 0
 """
 
-# KEYS: owner, pod hash, pool set, then the pools set to announce the pool in (or
+# KEYS: owner, pod hash, pool set, then the pool's known key to announce it in (or
 # none). ARGV: instance, lease_ms, pod_id, pool, then the hash's field/value pairs.
 # Returns 0 (writing nothing) when another process owns the id.
 _BEAT = _PRELUDE + """
@@ -134,7 +159,7 @@ for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[2], 'updated_ms', now, unpack(fields))
 redis.call('PEXPIRE', KEYS[2], lease_ms)
 redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[3])
-if KEYS[4] then redis.call('SADD', KEYS[4], ARGV[4]) end
+if KEYS[4] then redis.call('SET', KEYS[4], '1') end
 return 1
 """
 
@@ -195,31 +220,36 @@ async def write_heartbeat(
     instance: str = "", *, announce: bool = True,
 ) -> bool:
     """Publish one heartbeat atomically (hash, lease, pool membership), timed by Redis,
-    and with ``announce`` add its pool to the pools set. With an ``instance``, only while
-    that process owns the pod id: False if another does."""
+    and with ``announce`` make its pool known (:func:`announce`). With an ``instance``,
+    only while that process owns the pod id: False if another does."""
     fields = beat.to_hash()
     fields.pop("updated_ms")
     pairs = [item for pair in fields.items() for item in pair]
-    keys = [pod_owner_key(beat.pod_id), pod_key(beat.pod_id), pool_pods_key(beat.pool),
-            *([POOLS_KEY] if announce else [])]
+    keys = [pod_owner_key(beat.pool, beat.pod_id), pod_key(beat.pool, beat.pod_id),
+            pool_pods_key(beat.pool),
+            *([pool_known_key(beat.pool)] if announce else [])]
     script = redis.register_script(_BEAT)
-    return bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
-                                              *pairs]))
+    written = bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
+                                                 *pairs]))
+    if written and announce:
+        await redis.sadd(POOLS_KEY, beat.pool)  # another slot: not in the script
+    return written
 
 
-async def claim(redis: aioredis.Redis, pod_id: str, instance: str,
+async def claim(redis: aioredis.Redis, pool: str, pod_id: str, instance: str,
                 lease_ms: int = DEFAULT_LEASE_MS) -> bool:
-    """Hold (or renew) the pod id for this process; False while another process does."""
+    """Hold (or renew) the pod id in its pool for this process; False while another
+    process does."""
     script = redis.register_script(_CLAIM)
-    return bool(await script(keys=[pod_owner_key(pod_id)], args=[instance, lease_ms]))
+    return bool(await script(keys=[pod_owner_key(pool, pod_id)], args=[instance, lease_ms]))
 
 
-async def claim_at_start(redis: aioredis.Redis, pod_id: str, instance: str,
+async def claim_at_start(redis: aioredis.Redis, pool: str, pod_id: str, instance: str,
                          lease_ms: int = DEFAULT_LEASE_MS, poll_s: float = 0.1) -> None:
     """Claim the id, waiting out at most one lease (a crashed predecessor's record lapses;
     a live pod renews its own). Raises :class:`PodIdTaken` if it stays held."""
     deadline = time.monotonic() + lease_ms / 1000 + 1.0
-    while not await claim(redis, pod_id, instance, lease_ms):
+    while not await claim(redis, pool, pod_id, instance, lease_ms):
         if time.monotonic() > deadline:
             raise PodIdTaken(
                 f"pod id {pod_id!r} is held by a live pod (its record in Redis was renewed "
@@ -231,7 +261,7 @@ async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str, instance: st
     """Withdraw a pod at a clean exit, without waiting for its lease; with an
     ``instance``, only the record that process owns (False: another process's, kept)."""
     script = redis.register_script(_REMOVE)
-    keys = [pod_owner_key(pod_id), pod_key(pod_id), pool_pods_key(pool)]
+    keys = [pod_owner_key(pool, pod_id), pod_key(pool, pod_id), pool_pods_key(pool)]
     return bool(await script(keys=keys, args=[instance, pod_id]))
 
 
@@ -240,7 +270,7 @@ async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodHeartbeat]:
     await redis.zremrangebyscore(pool_pods_key(pool), "-inf", await redis_now_ms(redis))
     beats = []
     for pod_id in await listed_pods(redis, pool):
-        raw = await redis.hgetall(pod_key(pod_id))
+        raw = await redis.hgetall(pod_key(pool, pod_id))
         if raw:
             beats.append(PodHeartbeat.from_hash(raw))
     return beats

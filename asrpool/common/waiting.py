@@ -6,12 +6,12 @@ zero, before any stream runs on it.
 
 | key | type | content |
 | --- | --- | --- |
-| ``asrpool:pool:{pool}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
-| ``asrpool:pool:{pool}:refused`` | zset | refused requests, scored by the refusal time |
+| ``asrpool:{POOL}:queue:leases`` | zset | waiting tickets, scored by lease deadline |
+| ``asrpool:{POOL}:refused`` | zset | refused requests, scored by the refusal time |
 
 A pool with no pod yet is unknown to the routers (they answer ``unknown_pool``, and
-nobody waits); the operator names an autoscaled pool in ``asrpool:pools``
-(:func:`announce`) so that its clients wait or are refused ``busy``, and count.
+nobody waits); the operator announces an autoscaled pool (``asrpool:{POOL}:known``,
+``registry.announce``) so that its clients wait or are refused ``busy``, and count.
 
 Refusals older than :data:`REFUSALS_KEPT_MS` are trimmed at each refusal, and the key
 expires after that long without one. Every time is Redis's own (``TIME``).
@@ -29,11 +29,11 @@ REFUSALS_KEPT_MS = 300_000
 
 
 def queue_leases_key(pool: str) -> str:
-    return f"{registry.KEY_PREFIX}:pool:{pool}:queue:leases"
+    return f"{registry.pool_tag(pool)}:queue:leases"
 
 
 def refusals_key(pool: str) -> str:
-    return f"{registry.KEY_PREFIX}:pool:{pool}:refused"
+    return f"{registry.pool_tag(pool)}:refused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,3 @@ async def read(redis: aioredis.Redis, pool: str, window_seconds: float) -> Unmet
         waiting, refused = await pipe.execute()
     return Unmet(waiting=int(waiting), refused=int(refused))
 
-
-async def announce(redis: aioredis.Redis, pool: str) -> None:
-    """Make the pool known to the routers before its first pod beats."""
-    await redis.sadd(registry.POOLS_KEY, pool)

@@ -89,6 +89,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "external-redis": {
         "redis": {"enabled": False, "external": {"url": "redis://redis.example.internal:6379/0"}},
     },
+    "external-redis-cluster": {
+        "redis": {"enabled": False, "external": {
+            "url": "redis+cluster://redis-cluster.example.internal:6379/0"}},
+    },
     "builtin-redis-tuned": {
         "redis": {
             "image": {"repository": "mirror.example/redis", "tag": "7.4.2", "pullPolicy": "Always"},

@@ -119,6 +119,18 @@ def test_an_external_redis_password_comes_from_its_secret_never_in_a_url(
     assert not any(m["kind"] == "ConfigMap" and "REDIS_PASSWORD" in str(m) for m in manifests)
 
 
+def test_an_external_redis_cluster_reaches_every_part_as_a_cluster_url(
+    environ: Environ,
+) -> None:
+    """The router, the operator and (through the operator) every server pod get the
+    ``redis+cluster://`` URL as it was given: each part's client is then a cluster's."""
+    url = SCENARIOS["external-redis-cluster"]["redis"]["external"]["url"]
+    config, _ = router_from("external-redis-cluster", environ)
+    operator, _ = operator_from("external-redis-cluster", environ)
+    assert config.redis_url == operator.redis_url == operator.server_redis_url == url
+    assert redis_clients.is_cluster(config.redis_url)
+
+
 def test_the_built_in_redis_has_a_user_per_part_and_its_credentials_stay_in_its_namespace(
     environ: Environ,
 ) -> None:

@@ -316,7 +316,7 @@ async def test_a_restarted_operator_does_not_scale_a_pool_down_by_itself(
     def refused_now() -> dict[str, Any]:
         """A client refused just now (as a router records it), until a pass sees one."""
         seconds, micros = client.time()
-        client.zadd(waiting.refusals_key("steady"),
+        client.zadd(waiting.refusals_key(f"{namespace}/steady"),  # as routers key it
                     {uuid.uuid4().hex: seconds * 1000 + micros // 1000})
         return autoscaled(refused=True)
 

@@ -56,7 +56,7 @@ class Platform:
     def sessions(self) -> list[str]:
         client = self.redis.client()
         try:
-            return [k for k in client.scan_iter(keys.session("*")) if not k.endswith(":ended")]
+            return [k for k in client.scan_iter(keys.session("*", "*")) if not k.endswith(":ended")]
         finally:
             client.close()
 

@@ -18,7 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from asrpool.common import protocol
+from asrpool.common import protocol, registry
+from asrpool.router import keys
 from tests.router import support
 from tests.support import kyutai_client, servers
 from tests.support.redis_servers import RedisServer
@@ -168,9 +169,9 @@ async def _idle(pod: servers.ServerProcess) -> bool:
 async def _records(redis_server: RedisServer) -> list[str]:
     redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        keys = await redis.keys("asrpool:session:*")
-        counted = await redis.zrange("asrpool:pod:gated:sessions", 0, -1)
-        return [k for k in keys if not k.endswith(":ended")] + counted
+        records = await redis.keys(keys.session("*", "*"))
+        counted = await redis.zrange(keys.pod_sessions("default", "gated"), 0, -1)
+        return [k for k in records if not k.endswith(":ended")] + counted
     finally:
         await redis.aclose()
 
@@ -185,7 +186,7 @@ async def _nothing_held(redis_server: RedisServer) -> bool:
 async def _detached(redis_server: RedisServer, sid: str) -> bool:
     redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        return bool(await redis.hget(f"asrpool:session:{sid}", "state") == "detached")
+        return bool(await redis.hget(keys.session("default", sid), "state") == "detached")
     except redis_errors.ConnectionError:
         return False
     finally:
@@ -274,7 +275,7 @@ async def test_a_resume_waits_for_its_pods_heartbeat_to_come_back(
     opened = await _dropped_resumable_stream(router, module_redis)
     redis = aioredis.Redis.from_url(module_redis.url)
     try:
-        await redis.delete("asrpool:pod:gated")
+        await redis.delete(registry.pod_key("default", "gated"))
     finally:
         await redis.aclose()
     await _resume_and_close(router, opened)

@@ -34,7 +34,8 @@ async def test_a_pod_with_a_slow_clock_is_still_admitted_to(
     _skew(monkeypatch, -SKEW_MS)  # the pod's clock is a minute behind
     await support.beat(redis, "a", total=2, lease_ms=3000)
     store = admissions.Admissions(redis, support.config(redis_server.url))
-    request = admissions.Request("default", "", 0, tokens.mint(tokens.new_session_id()), "c")
+    token = tokens.mint("default", tokens.new_session_id())
+    request = admissions.Request("default", "", 0, token, "c")
     assert isinstance(await store.admit(request), admissions.Session)
 
 
@@ -52,7 +53,8 @@ async def test_a_reader_counts_router_sessions_by_redis_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     await support.beat(redis, "a", total=2, lease_ms=3000)
     store = admissions.Admissions(redis, support.config(redis_server.url))
-    request = admissions.Request("default", "", 0, tokens.mint(tokens.new_session_id()), "c")
+    token = tokens.mint("default", tokens.new_session_id())
+    request = admissions.Request("default", "", 0, token, "c")
     assert isinstance(await store.admit(request), admissions.Session)
     _skew(monkeypatch, SKEW_MS)
     assert [p.router_sessions for p in await views.read_pool(redis, "default")] == [1]

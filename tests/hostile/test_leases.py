@@ -25,17 +25,17 @@ async def test_a_late_renewal_does_not_resurrect_a_released_session(
 ) -> None:
     await support.beat(redis, "a", total=1)
     store = admissions.Admissions(redis, support.config(redis_server.url))
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint("default", tokens.new_session_id())
     session = await store.admit(admissions.Request("default", "k", 0, token, "conn-1"))
     assert isinstance(session, admissions.Session)
     await store.attach(session)
     await store.release(session)
     await store.renew([session])  # the renewal loop's snapshot still held it
-    assert not await redis.exists(keys.session(session.session_id))
-    assert await redis.zcard(keys.pod_sessions("a")) == 0
+    assert not await redis.exists(keys.session("default", session.session_id))
+    assert await redis.zcard(keys.pod_sessions("default", "a")) == 0
     assert await redis.zcard(keys.key_sessions("k")) == 0
     again = await store.admit(admissions.Request(
-        "default", "k", 0, tokens.mint(tokens.new_session_id()), "conn-2"))
+        "default", "k", 0, tokens.mint("default", tokens.new_session_id()), "conn-2"))
     assert isinstance(again, admissions.Session), "the released slot must be free again"
 
 
@@ -44,11 +44,11 @@ async def test_renewal_still_rebuilds_what_a_redis_restart_lost(
 ) -> None:
     await support.beat(redis, "a", total=1)
     store = admissions.Admissions(redis, support.config(redis_server.url))
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint("default", tokens.new_session_id())
     session = await store.admit(admissions.Request("default", "", 0, token, "conn-1"))
     assert isinstance(session, admissions.Session)
     await store.attach(session)
     await redis.flushall()  # Redis came back empty
     await store.renew([session])
-    assert await redis.hget(keys.session(session.session_id), "conn") == "conn-1"
-    assert await redis.zcard(keys.pod_sessions("a")) == 1
+    assert await redis.hget(keys.session("default", session.session_id), "conn") == "conn-1"
+    assert await redis.zcard(keys.pod_sessions("default", "a")) == 1

@@ -21,7 +21,7 @@ def _pod(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> servers.Se
 
 
 def _address(redis: Any) -> str | None:
-    return cast("str | None", redis.hget(registry.pod_key(POD_ID), "address"))
+    return cast("str | None", redis.hget(registry.pod_key("default", POD_ID), "address"))
 
 
 async def test_a_second_process_with_a_live_pods_id_is_refused(
@@ -44,7 +44,7 @@ async def test_a_second_process_with_a_live_pods_id_is_refused(
         assert redis.zscore(registry.pool_pods_key("default"), POD_ID) is not None
         first.stop()
         assert first.poll() == 0
-    assert not redis.exists(registry.pod_key(POD_ID))  # its own clean exit removes it
+    assert not redis.exists(registry.pod_key("default", POD_ID))  # its own clean exit removes it
 
 
 async def test_a_restart_after_a_crash_takes_the_id_once_its_lease_lapses(

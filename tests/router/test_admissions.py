@@ -32,7 +32,7 @@ def store(redis: aioredis.Redis, url: str, **overrides: Any) -> admissions.Admis
 def request(
     pool: str = "default", key_id: str = "", limit: int = 0, conn: str = ""
 ) -> admissions.Request:
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint(pool, tokens.new_session_id())
     return admissions.Request(pool, key_id, limit, token, conn or token.session_id)
 
 
@@ -158,13 +158,13 @@ async def test_renewal_keeps_sessions_and_rebuilds_them_after_redis_restarts(
     for _ in range(4):
         await asyncio.sleep(0.1)
         await s.renew([held])
-    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    assert await redis.zscore(keys.pod_sessions("default", "a"), held.session_id)
     redis_server.kill()
     redis_server.start()
     await support.async_wait_until(lambda: renewed(s, held), 5, "renewal after the restart")
-    record = await redis.hgetall(keys.session(held.session_id))
+    record = await redis.hgetall(keys.session("default", held.session_id))
     assert record["pod"] == "a" and record["state"] == "attached"
-    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    assert await redis.zscore(keys.pod_sessions("default", "a"), held.session_id)
     await redis.aclose()
 
 
@@ -185,19 +185,19 @@ async def test_one_renewal_call_answers_each_session_for_itself(
     on_lapsing = next(h for h in sessions if h.pod_id == "lapsing")
     live = [h for h in sessions if h.pod_id == "live"]
     await s.release(live[0])
-    await redis.delete(keys.session(live[1].session_id))  # as a restart loses it
+    await redis.delete(keys.session("default", live[1].session_id))  # as a restart loses it
     await support.async_wait_until(
         lambda: _gone(redis, "lapsing"), 5, "the lapsing pod's heartbeat to expire")
     alive = dict(zip((h.session_id for h in sessions), await s.renew(sessions), strict=True))
     assert alive[on_lapsing.session_id] is False
     assert alive[live[2].session_id] is True
-    assert not await redis.exists(keys.session(live[0].session_id))  # released stays so
-    rebuilt = await redis.hgetall(keys.session(live[1].session_id))
+    assert not await redis.exists(keys.session("default", live[0].session_id))  # released stays so
+    rebuilt = await redis.hgetall(keys.session("default", live[1].session_id))
     assert rebuilt["pod"] == "live" and rebuilt["conn"] == live[1].conn
 
 
 async def _gone(redis: aioredis.Redis, pod: str) -> bool:
-    return not await redis.exists(registry.pod_key(pod))
+    return not await redis.exists(registry.pod_key("default", pod))
 
 
 async def renewed(s: admissions.Admissions, held: admissions.Session) -> bool:
@@ -223,7 +223,7 @@ async def test_release_and_renew_leave_a_session_claimed_elsewhere_alone(
     assert isinstance(resumed, admissions.Session) and resumed.pod_id == "a"
     await old.release(held)  # the old connection ends late: must not end the resumed session
     await old.renew([held])
-    assert await redis.hget(keys.session(held.session_id), "conn") == "new-conn"
+    assert await redis.hget(keys.session("default", held.session_id), "conn") == "new-conn"
 
 
 async def test_resumes_racing_through_many_routers_leave_one_owner(
@@ -241,14 +241,14 @@ async def test_resumes_racing_through_many_routers_leave_one_owner(
                                     for i, r in enumerate(routers)))
     resumed = [c for c in claims if isinstance(c, admissions.Session)]
     assert len(resumed) == 6  # the last claim wins, as on the pod
-    owner = await redis.hget(keys.session(held.session_id), "conn")
+    owner = await redis.hget(keys.session("default", held.session_id), "conn")
     losers = [(r, c) for r, c in zip(routers, resumed, strict=True) if c.conn != owner]
     assert len(losers) == 5
     for router, lost in losers:
         await router.renew([lost])
         await router.release(lost)
-    assert await redis.hget(keys.session(held.session_id), "conn") == owner
-    assert await redis.zcard(keys.pod_sessions("a")) == 1
+    assert await redis.hget(keys.session("default", held.session_id), "conn") == owner
+    assert await redis.zcard(keys.pod_sessions("default", "a")) == 1
     assert await free_of(redis) == {"a": 1}
     for c in clients:
         await c.aclose()
@@ -260,14 +260,14 @@ async def test_resume_needs_the_token_the_key_and_a_live_pod(
     await support.beat(redis, "a", total=2)
     s = store(redis, redis_server.url)
     req, _ = await held_for_resume(s)
-    forged = tokens.ResumeToken(req.token.session_id, req.token.text + "x")
+    forged = tokens.ResumeToken(req.token.pool, req.token.session_id, req.token.text + "x")
     assert await s.resume(admissions.Request("", "team", 0, forged, "c2")) == admissions.Refused(
         "bad_resume_token"
     )
     assert await s.resume(
         admissions.Request("", "other", 0, req.token, "c2")
     ) == admissions.Refused("bad_resume_token")
-    await redis.delete("asrpool:pod:a")
+    await redis.delete(registry.pod_key("default", "a"))
     assert await s.resume(admissions.Request("", "team", 0, req.token, "c2")) == admissions.Refused(
         "pod_gone"
     )
@@ -284,7 +284,7 @@ async def test_a_detached_session_holds_its_slot_for_the_grace_period(
     await s.detach(held)
     assert await s.admit(request()) == admissions.Refused("busy", 0)
     await support.async_wait_until(lambda: _free_is(redis, {"a": 1}), 5, "grace to end")
-    assert await redis.exists(keys.session(held.session_id)) == 0
+    assert await redis.exists(keys.session("default", held.session_id)) == 0
 
 
 async def test_waiters_are_served_first_come_first_served(
@@ -361,8 +361,8 @@ async def test_a_reservation_the_pod_never_accepted_frees_before_an_accepted_one
     # the router dies here
     await support.async_wait_until(lambda: _free_is(redis, {"a": 1}), 5, "the reservation to go")
     now = registry.now_ms()
-    assert (await redis.zscore(keys.pod_sessions("a"), accepted.session_id) or 0) > now
-    assert (await redis.zscore(keys.pod_sessions("a"), dialling.session_id) or 0) <= now
+    assert (await redis.zscore(keys.pod_sessions("default", "a"), accepted.session_id) or 0) > now
+    assert (await redis.zscore(keys.pod_sessions("default", "a"), dialling.session_id) or 0) <= now
 
 
 async def test_queue_order_holds_however_long_the_wait(
@@ -419,10 +419,10 @@ async def test_a_detached_session_survives_a_redis_restart(redis_server: RedisSe
     redis_server.start()
     await support.async_wait_until(lambda: _kept(s, detached), 5, "the record written back")
     await support.beat(redis, "a", total=2)  # the pod's heartbeat refills its own keys
-    record = await redis.hgetall(keys.session(held.session_id))
+    record = await redis.hgetall(keys.session("default", held.session_id))
     assert (record["state"], record["conn"], record["pod"]) == ("detached", "", "a")
-    assert 0 < await redis.pttl(keys.session(held.session_id)) <= 30_000
-    assert await redis.zscore(keys.pod_sessions("a"), held.session_id)
+    assert 0 < await redis.pttl(keys.session("default", held.session_id)) <= 30_000
+    assert await redis.zscore(keys.pod_sessions("default", "a"), held.session_id)
     resumed = await s.resume(admissions.Request("", "team", 0, req.token, "c2"))
     assert isinstance(resumed, admissions.Session) and resumed.pod_resume_token == "pod-token"
     assert await s.keep_detached(detached) == [False]

@@ -126,11 +126,11 @@ async def test_key_over_its_stream_limit(
         await redis.delete(keys.key_sessions("limited"))
     assert error["code"] == "key_limit" and "'limited'" in str(error["message"])
     assert close == 1008
-    assert await redis.zcard(keys.pod_sessions("roomy")) == 0  # nothing reserved
+    assert await redis.zcard(keys.pod_sessions("limit-pool", "roomy")) == 0  # nothing reserved
 
 
 async def test_forged_resume_token(router: support.RouterProcess) -> None:
-    for forged in ("garbage", tokens.mint(tokens.new_session_id()).text):
+    for forged in ("garbage", tokens.mint("default", tokens.new_session_id()).text):
         error, close = await refusal(
             router.ws_url, {**with_key(), protocol.RESUME_TOKEN_HEADER: forged}
         )
@@ -140,6 +140,19 @@ async def test_forged_resume_token(router: support.RouterProcess) -> None:
             "code": "bad_resume_token",
         }
         assert close == 1008
+
+
+async def test_an_old_routers_resume_token_is_told_it_is_old(
+        router: support.RouterProcess) -> None:
+    """Tokens minted before they named their pool (``SID.SECRET``) are refused once, on
+    upgrade, saying why, under the usual code and close code."""
+    old = tokens.mint("default", tokens.new_session_id()).text.partition(".")[2]
+    assert tokens.parse(old) is None and tokens.is_old(old)
+    error, close = await refusal(router.ws_url, {**with_key(), protocol.RESUME_TOKEN_HEADER: old})
+    assert error == {"type": "Error", "code": "bad_resume_token", "message":
+                     "resume token from before a router upgrade (it names no pool); start a"
+                     " new stream"}
+    assert close == 1008
 
 
 async def test_garbage_before_the_upgrade(router: support.RouterProcess) -> None:
@@ -201,8 +214,8 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 async def test_expired_resume_token(router: support.RouterProcess, redis: aioredis.Redis) -> None:
     """A token whose session record has run out its grace is refused like a forged one."""
-    token = tokens.mint(tokens.new_session_id())
-    record = keys.session(token.session_id)
+    token = tokens.mint("default", tokens.new_session_id())
+    record = keys.session("default", token.session_id)
     await redis.hset(
         record,
         mapping={

@@ -107,7 +107,7 @@ class World:
         router = self.routers[r]
         if router is None:
             return
-        token = tokens.mint(tokens.new_session_id())
+        token = tokens.mint("default", tokens.new_session_id())
         req = admissions.Request("default", key_id, KEY_LIMITS[key_id], token, token.session_id)
         got = await router.admit(req)
         if isinstance(got, admissions.Refused):
@@ -212,9 +212,9 @@ class World:
         live = {p.pod_id: p.total for p in self.pods.values() if p.alive}
         assert {pod_id: load.free for pod_id, load in loads.items()} == live
         redis = self.clients[0]
-        assert await redis.keys(keys.session("*")) == []
+        assert await redis.keys(keys.session("*", "*")) == []
         # nothing is left behind either: every session zset has expired with its members
-        assert await redis.keys(keys.pod_sessions("*")) == []
+        assert await redis.keys(keys.pod_sessions("*", "*")) == []
         assert await redis.keys(keys.key_sessions("*")) == []
         for key_id in KEY_LIMITS:
             if key_id:

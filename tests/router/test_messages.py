@@ -8,11 +8,16 @@ import pytest
 from asrpool.router import admissions, placing, poolnames, settings, tokens
 
 
-def test_a_minted_token_parses_back_and_hashes_stably() -> None:
-    token = tokens.mint(tokens.new_session_id())
+@pytest.mark.parametrize("pool", ["default", "speech/stt-en.v2", "a"])
+def test_a_minted_token_parses_back_with_its_pool_and_hashes_stably(pool: str) -> None:
+    token = tokens.mint(pool, tokens.new_session_id())
     parsed = tokens.parse(token.text)
-    assert parsed == token and parsed.sha256 == token.sha256
-    assert tokens.mint(token.session_id).text != token.text  # the secret is fresh
+    assert parsed == token and parsed.sha256 == token.sha256 and parsed.pool == pool
+    assert tokens.mint(pool, token.session_id).text != token.text  # the secret is fresh
+    assert not tokens.is_old(token.text)
+
+
+SID, SECRET = "0" * 32, "a" * 43
 
 
 @pytest.mark.parametrize(
@@ -23,13 +28,24 @@ def test_a_minted_token_parses_back_and_hashes_stably() -> None:
         "0" * 32,
         "0" * 32 + ".",
         "0" * 32 + ".short",
-        "G" * 32 + "." + "a" * 43,
-        "0" * 32 + "." + "a" * 43 + "\n",
-        "0" * 31 + "." + "a" * 43,
+        "default." + "G" * 32 + "." + SECRET,
+        f"default.{SID}.{SECRET}\n",
+        "default." + "0" * 31 + "." + SECRET,
+        f".{SID}.{SECRET}",  # no pool
+        f"Default.{SID}.{SECRET}",  # not a pool name
+        f"a/b/c.{SID}.{SECRET}",
+        f"{{x}}.{SID}.{SECRET}",  # a brace would break the pool's slot
+        f"{SID}.{SECRET}",  # a token from before the pool was in it
     ],
 )
 def test_malformed_tokens_are_rejected(text: str) -> None:
     assert tokens.parse(text) is None
+
+
+def test_only_an_old_routers_shape_is_told_it_is_old() -> None:
+    assert tokens.is_old(f"{SID}.{SECRET}")
+    for text in ("garbage", f"default.{SID}.{SECRET}", f"{SID}.short", f"{SID}.{SECRET}.x"):
+        assert not tokens.is_old(text), text
 
 
 @pytest.mark.parametrize(
@@ -38,7 +54,8 @@ def test_malformed_tokens_are_rejected(text: str) -> None:
      "pod_gone"],
 )
 def test_every_refusal_is_a_kyutai_error_frame(reason: admissions.Reason) -> None:
-    request = admissions.Request("pool-a", "team", 2, tokens.mint(tokens.new_session_id()), "c")
+    token = tokens.mint("pool-a", tokens.new_session_id())
+    request = admissions.Request("pool-a", "team", 2, token, "c")
     config = settings.RouterSettings()
     refusal = placing.refusal_for(admissions.Refused(reason), request, config)
     body = msgpack.unpackb(refusal.frame())

@@ -8,6 +8,7 @@ import hypothesis
 import redis.asyncio as aioredis
 from hypothesis import strategies as st
 
+from asrpool.common import registry
 from asrpool.router import admissions, keys, policies, tokens
 from tests.router import support
 from tests.support.redis_servers import RedisServer
@@ -101,7 +102,7 @@ def test_lua_admission_mirrors_the_policy(
             await redis.flushdb()
             expected = await _write_snapshot(redis, snapshot, sessions)
             store = admissions.Admissions(redis, support.config(redis_server.url, policy=policy))
-            token = tokens.mint(tokens.new_session_id())
+            token = tokens.mint("default", tokens.new_session_id())
             got = await store.admit(admissions.Request("default", "", 0, token, "c"))
             want = policies.choose_pod(expected, policy)
             if want is None:
@@ -117,13 +118,13 @@ def test_lua_admission_mirrors_the_policy(
 async def _write_snapshot(
     redis: aioredis.Redis, snapshot: dict[str, tuple[int, int, bool]], sessions: dict[str, int]
 ) -> list[policies.PodLoad]:
-    await redis.sadd("asrpool:pools", "default")
+    await registry.announce(redis, "default")
     out = []
     for pod_id, (total, used, draining) in snapshot.items():
         await support.beat(redis, pod_id, total, total - used, draining=draining)
         held = sessions.get(pod_id, 0)
         for n in range(held):
-            await redis.zadd(keys.pod_sessions(pod_id), {f"s{n}": 10**13})
+            await redis.zadd(keys.pod_sessions("default", pod_id), {f"s{n}": 10**13})
         effective = policies.effective_used(used, held)
         out.append(pod(pod_id, total, effective, draining))
     return out

@@ -90,9 +90,10 @@ async def connect(router: support.RouterProcess, pool: str) -> ws_client.ClientC
     return ws
 
 
-async def slot_freed(redis: aioredis.Redis, pod_id: str) -> None:
+async def slot_freed(redis: aioredis.Redis, pool: str) -> None:
+    """Until the pool's one pod (started by :func:`start`) counts no session."""
     async with asyncio.timeout(10):
-        while await redis.zcard(keys.pod_sessions(pod_id)):
+        while await redis.zcard(keys.pod_sessions(pool, f"{pool}-pod")):
             await asyncio.sleep(0.1)
 
 
@@ -118,7 +119,7 @@ async def test_bytes_behind_the_ready_reach_the_client(
     await ws.close()
     await asyncio.wait_for(pod.done.wait(), 10)
     assert close_code_of(bytes(pod.received)) == 1000  # a clean close: the pod frees the slot
-    await slot_freed(redis, "relay-backlog-pod")
+    await slot_freed(redis, "relay-backlog")
 
 
 async def test_a_pod_that_closes_mid_frame_drops_the_client_and_frees_the_slot(
@@ -137,7 +138,7 @@ async def test_a_pod_that_closes_mid_frame_drops_the_client_and_frees_the_slot(
         while True:
             await asyncio.wait_for(ws.recv(), 10)
     assert caught.value.rcvd is None  # no close frame could follow half a frame
-    await slot_freed(redis, "relay-midframe-pod")
+    await slot_freed(redis, "relay-midframe")
     await healthy.send(AUDIO)  # another stream on the same router is untouched
     assert msgpack.unpackb(await asyncio.wait_for(healthy.recv(), 10))["type"] == "Word"
     await healthy.close()
@@ -162,7 +163,7 @@ async def test_garbage_after_admission_is_a_protocol_error_and_never_reaches_the
     await asyncio.wait_for(pod.done.wait(), 10)
     assert b"garbage" not in pod.received
     assert close_code_of(bytes(pod.received)) == 1000
-    await slot_freed(redis, "relay-garbage-pod")
+    await slot_freed(redis, "relay-garbage")
 
 
 async def test_the_router_answers_the_pods_pings(
@@ -191,17 +192,17 @@ async def _streams_on_both_workers(
     async with asyncio.timeout(60):
         while True:
             streams = [await connect(router, pool) for _ in range(count)]
-            if len(await _routers_of(redis, f"{pool}-pod")) == 2:
+            if len(await _routers_of(redis, pool)) == 2:
                 return streams
             for ws in streams:
                 await ws.close()
-            await slot_freed(redis, f"{pool}-pod")
+            await slot_freed(redis, pool)
 
 
-async def _routers_of(redis: aioredis.Redis, pod_id: str) -> set[str]:
-    """The router ids (one per worker) that hold the pod's sessions."""
-    sids = await redis.zrange(keys.pod_sessions(pod_id), 0, -1)
-    return {await redis.hget(keys.session(sid), "router") for sid in sids} - {None}
+async def _routers_of(redis: aioredis.Redis, pool: str) -> set[str]:
+    """The router ids (one per worker) that hold the sessions of the pool's one pod."""
+    sids = await redis.zrange(keys.pod_sessions(pool, f"{pool}-pod"), 0, -1)
+    return {await redis.hget(keys.session(pool, sid), "router") for sid in sids} - {None}
 
 
 def _scrape(url: str) -> dict[str, float]:
@@ -240,7 +241,7 @@ async def test_workers_share_the_port_and_end_with_the_parent(
         assert len(admitted) == 1 and admitted.pop() >= len(streams)
         for ws in streams:
             await ws.close()
-        await slot_freed(redis, "relay-workers-pod")
+        await slot_freed(redis, "relay-workers")
         scraped = await asyncio.to_thread(_scrape, proc.url + "/metrics")
         assert scraped["asrpool_router_sessions_open"] == 0
         assert scraped["asrpool_router_relayed_messages_total"] >= len(streams)

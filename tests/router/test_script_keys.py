@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis import crc
 
 from asrpool.common import registry
 from asrpool.router import admissions, keys, leasing, metrics, scripts, tokens
@@ -22,7 +23,8 @@ from tests.support.redis_servers import RedisServer
 
 ALL_SCRIPTS = (scripts.ADMIT, scripts.LEAVE_QUEUE, scripts.ATTACH, scripts.RENEW_MANY,
                scripts.RENEW_WHOLE, scripts.RELEASE, scripts.DETACH, scripts.RESUME,
-               scripts.KEEP_DETACHED, registry._BEAT, registry._CLAIM, registry._REMOVE)
+               scripts.KEEP_DETACHED, scripts.KEY_RESERVE, scripts.KEY_HOLD, scripts.KEY_DROP,
+               registry._BEAT, registry._CLAIM, registry._REMOVE)
 _ARGUMENT = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _STOP = "asrpool-test:stop-monitoring"
 
@@ -92,15 +94,16 @@ async def every_script(client: aioredis.Redis, url: str) -> None:
     record rebuilt, a resume, a release, a pod's withdrawal)."""
     await support.beat(client, "a", total=2)
     store = admissions.Admissions(client, support.config(url, queue_timeout_seconds=5))
-    token = tokens.mint(tokens.new_session_id())
+    token = tokens.mint("default", tokens.new_session_id())
     ask = admissions.Request("default", "team", 3, token, "c1")
     session = await store.admit(ask, ticket="t1")
     assert isinstance(session, admissions.Session)
     session.pod_resume_token = "pod-token"
     assert await store.attach(session)
-    await client.delete(keys.session(session.session_id))  # as a Redis restart would
+    await client.delete(keys.session("default", session.session_id))  # as a Redis restart would
     assert await store.renew([session]) == [True]
-    full = admissions.Request("default", "team", 3, tokens.mint(tokens.new_session_id()), "c2")
+    full = admissions.Request("default", "team", 3,
+                              tokens.mint("default", tokens.new_session_id()), "c2")
     other = await store.admit(full)
     assert isinstance(other, admissions.Session)
     assert isinstance(await store.admit(full, ticket="t2"), admissions.Refused)  # queued: full
@@ -108,13 +111,13 @@ async def every_script(client: aioredis.Redis, url: str) -> None:
     await store.detach(session)
     sessions = admissions.Sessions()
     sessions.hold_detached(session, until=1e12)
-    await client.delete(keys.session(session.session_id))
+    await client.delete(keys.session("default", session.session_id))
     await leasing.keep_detached(store, sessions, metrics.Metrics())
     resumed = await store.resume(admissions.Request("", "team", 0, token, "c3"))
     assert isinstance(resumed, admissions.Session)
     await store.release(resumed)
     await store.release(other)
-    assert await registry.claim(client, "a", "instance-1")
+    assert await registry.claim(client, "default", "a", "instance-1")
     assert await registry.remove_pod(client, "a", "default", "instance-1")
 
 
@@ -128,6 +131,9 @@ async def test_every_key_a_script_touches_was_given_to_it(
     undeclared = sorted({f"{c[0]} {key}" for s in ran for c in s.commands
                          for key in touched(inspect, c) - s.declared})
     assert undeclared == []
+    # what Redis Cluster asks besides: each call's keys are in one hash slot
+    slots = [{crc.key_slot(k.encode()) for k in s.declared} for s in ran]
+    assert [sorted(s.declared) for s, used in zip(ran, slots, strict=True) if len(used) > 1] == []
 
 
 def test_the_check_sees_a_key_built_inside_a_script(redis_server: RedisServer) -> None:

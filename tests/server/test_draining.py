@@ -6,6 +6,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+from asrpool.common import registry
 from tests.server import conftest, reference
 from tests.support import kyutai_client, polling, redis_servers, servers
 
@@ -18,7 +19,7 @@ async def test_sigterm_lets_open_streams_finish_then_exits_0(
             "--redis-url", redis_server.url, "--drain-grace-seconds", "60",
             "--max-buffer-seconds", "1"]) as server:
         server.wait_ready()
-        key = f"asrpool:pod:{server.pod_id}"
+        key = registry.pod_key(registry.DEFAULT_POOL, server.pod_id)
         await polling.until(lambda: redis.hget(key, "draining") == "0")
         async with await kyutai_client.connect(server.ws_url) as ws:
             await kyutai_client.expect(ws, "Ready")

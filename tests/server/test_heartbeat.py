@@ -19,7 +19,7 @@ async def test_heartbeat_follows_slots_and_expires_after_sigkill(
             "--redis-url", redis_server.url, "--pool", "blue",
             "--advertise-address", "10.0.0.7:8080"]) as server:
         server.wait_ready()
-        key = registry.pod_key(server.pod_id)
+        key = registry.pod_key("blue", server.pod_id)
         await polling.until(lambda: redis.exists(key))
         beat = registry.PodHeartbeat.from_hash(redis.hgetall(key))
         assert (beat.pool, beat.address, beat.total_slots, beat.free_slots, beat.draining,
@@ -52,7 +52,7 @@ async def test_streaming_survives_a_redis_outage(
     with servers.ServerProcess(tmp_path, batch_size=conftest.BATCH, args=[
             "--redis-url", redis_server.url]) as server:
         server.wait_ready()
-        key = registry.pod_key(server.pod_id)
+        key = registry.pod_key(registry.DEFAULT_POOL, server.pod_id)
         await polling.until(lambda: redis.exists(key))
         redis_server.kill()
         pcm = np.random.default_rng(4).standard_normal(24_000).astype(np.float32) * 0.3
