@@ -201,6 +201,11 @@ def build_random(
     )
 
 
+# How much more weight the padding (3) and end-of-padding (0) rows of a random text
+# head get (text_bias presets).
+PADDING_TILT, END_OF_PADDING_TILT = 5.0, 2.5
+
+
 def _tilt_towards_padding(lm: LMModel) -> None:
     """Give the padding (3) and end-of-padding (0) rows of the text head more weight.
 
@@ -209,8 +214,8 @@ def _tilt_towards_padding(lm: LMModel) -> None:
     """
     with torch.no_grad():
         weight = lm.text_linear.weight
-        weight[3] *= 5.0
-        weight[0] *= 2.5
+        weight[3] *= PADDING_TILT
+        weight[0] *= END_OF_PADDING_TILT
 
 
 def load_checkpoint_dir(
