@@ -58,7 +58,7 @@ system-deps:
 
 # Parity with Kyutai's own moshi-server, behaviour by behaviour (docs/parity.md): not in
 # CI (too long). `asrpool bench parity` builds moshi-server once with cargo (CPU, a pinned
-# version, cached in ~/.cache/asrpool/moshi-server; the first build takes about 75 minutes
+# version, cached in ~/.cache/asrpool/moshi-server; the first build took 46 minutes here
 # on two busy cores), then runs the catalogue against it, a pod and a router and writes
 # bench/results/parity.json and docs/parity.md's table. Its crates need a C/C++
 # toolchain, CMake (sentencepiece, libopus), OpenSSL's headers and pkg-config, and

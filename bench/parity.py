@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2, help="slots of every server")
     parser.add_argument("--servers", default=",".join(SERVERS),
                         help="comma-separated subset of: " + ", ".join(SERVERS))
+    parser.add_argument("--cases", default="",
+                        help="comma-separated case names to run (default: all; a partial"
+                             " run is for debugging, its report is not the committed one)")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--docs", default="docs/parity.md",
                         help="the Markdown file whose table is rewritten (between its"
@@ -54,6 +57,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 SERVERS = (parity_servers.MOSHI_SERVER, parity_servers.POD, parity_servers.ROUTER)
+
+
+def chosen_cases(opts: argparse.Namespace) -> list[parity_cases.Case]:
+    names = {name.strip() for name in opts.cases.split(",") if name.strip()}
+    return [case for case in parity_cases.catalogue(opts.batch_size)
+            if not names or case.name in names]
 
 
 def run_catalogue(target: parity_servers.Target, cases: list[parity_cases.Case],
@@ -69,7 +78,7 @@ def run_catalogue(target: parity_servers.Target, cases: list[parity_cases.Case],
 def run_servers(names: list[str], opts: argparse.Namespace, binary: Path | None,
                 shared: parity_weights.SharedCheckpoint, workdir: Path) -> Answers:
     answers: Answers = {}
-    cases = parity_cases.catalogue(opts.batch_size)
+    cases = chosen_cases(opts)
     for name in names:
         print(f"{name}: starting", flush=True)
         folder = workdir / name.replace(" ", "-")
@@ -92,7 +101,7 @@ def _server(name: str, binary: Path | None, shared: parity_weights.SharedCheckpo
 
 def build_report(answers: Answers, names: list[str], opts: argparse.Namespace,
                  seconds: float) -> dict[str, Any]:
-    cases = parity_cases.catalogue(opts.batch_size)
+    cases = chosen_cases(opts)
     rows = [parity_reports.row(case.name, case.description,
                                {name: answers[case.name][name] for name in names})
             for case in cases]

@@ -98,6 +98,10 @@ class Session:
     extensions: str | None = None
     status: int | None = None  # an HTTP status instead of an upgrade
     body: str | None = None
+    marker_at: int | None = None  # frames received before what ``then`` sent
+
+    def messages_after(self) -> list[dict[str, Any]]:
+        return self.messages()[self.marker_at or 0:]
 
     def messages(self) -> list[dict[str, Any]]:
         return [msgpack.unpackb(frame, raw=False) for frame in self.frames]
@@ -107,17 +111,24 @@ class Session:
 
 
 async def session(target: Target, sends: Iterable[Frame], *, until_marker: int | None = None,
-                  headers: dict[str, str] | None = None, query: str = "") -> Session:
+                  then: Sequence[Frame] = (), headers: dict[str, str] | None = None,
+                  query: str = "") -> Session:
     """Send ``sends`` while reading every frame, until the marker ``until_marker`` comes
-    back (then close) or the server ends the connection."""
+    back or the server ends the connection; once the marker is back, send ``then`` and
+    read until the server ends the connection (without ``then``: close).
+
+    The client sends no pings of its own: a server holding a fast sender back
+    (backpressure) reads none of its bytes for a while, pings included."""
     seen = Session()
     sent_headers = {protocol.API_KEY_HEADER: target.api_key} if headers is None else headers
     try:
         async with connect(target.ws_url + query, additional_headers=sent_headers,
-                           max_size=None, open_timeout=SESSION_TIMEOUT) as ws:
+                           max_size=None, open_timeout=SESSION_TIMEOUT,
+                           ping_interval=None) as ws:
             if ws.response is not None:
                 seen.extensions = ws.response.headers.get("Sec-WebSocket-Extensions")
-            await asyncio.wait_for(_converse(ws, sends, until_marker, seen), SESSION_TIMEOUT)
+            await asyncio.wait_for(_converse(ws, sends, until_marker, then, seen),
+                                   SESSION_TIMEOUT)
     except InvalidStatus as exc:
         seen.status = exc.response.status_code
         seen.body = exc.response.body.decode(errors="replace") if exc.response.body else ""
@@ -125,13 +136,19 @@ async def session(target: Target, sends: Iterable[Frame], *, until_marker: int |
 
 
 async def _converse(ws: ClientConnection, sends: Iterable[Frame], until_marker: int | None,
-                    seen: Session) -> None:
+                    then: Sequence[Frame], seen: Session) -> None:
     writer = asyncio.create_task(_send_all(ws, sends))
     try:
-        await _read(ws, until_marker, seen)
+        marker_back = await _read(ws, until_marker, seen)
     finally:
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
+    if marker_back and then:
+        seen.marker_at = len(seen.frames)
+        await _send_all(ws, then)
+        await _read(ws, None, seen)
+    elif marker_back:
+        seen.close = "closed by the client"
 
 
 async def _send_all(ws: ClientConnection, sends: Iterable[Frame]) -> None:
@@ -142,7 +159,8 @@ async def _send_all(ws: ClientConnection, sends: Iterable[Frame]) -> None:
             return
 
 
-async def _read(ws: ClientConnection, until_marker: int | None, seen: Session) -> None:
+async def _read(ws: ClientConnection, until_marker: int | None, seen: Session) -> bool:
+    """Read until the marker (True) or the end of the connection (False)."""
     try:
         async for frame in ws:
             if isinstance(frame, str):
@@ -150,11 +168,11 @@ async def _read(ws: ClientConnection, until_marker: int | None, seen: Session) -
             seen.frames.append(frame)
             message = msgpack.unpackb(frame, raw=False)
             if message.get("type") == "Marker" and message.get("id") == until_marker:
-                seen.close = "closed by the client"
-                return
+                return True
     except ConnectionClosed:
         pass
     seen.close = close_of(ws)
+    return False
 
 
 def close_of(ws: ClientConnection) -> str:
@@ -287,27 +305,52 @@ async def text_frame(target: Target) -> dict[str, Any]:
 
 
 async def _bad_frame(target: Target, bad: Frame) -> dict[str, Any]:
-    """Speech, a second of silence in frames (its words out), then ``bad``: what the
-    client still gets, and how the connection ends."""
+    """Speech and a marker; once the marker is back (every result of the speech out),
+    ``bad``: what comes after it, and how the connection ends."""
+    sends = [*audio_frames(speech(2.0)), *silence(1.0), marker(0), *silence(1.0)]
+    seen = await session(target, sends, until_marker=0, then=[bad])
+    after = seen.messages_after()
+    error = error_of(after)
+    return {"words": words(seen.messages()[:seen.marker_at]),
+            # Words of the silence after the marker may come too, as many as were stepped.
+            "after": [t for t in type_sequence(after) if t not in ("Word", "EndWord")],
+            "error": sorted(error) if error else None, "close": seen.close}
+
+
+async def _bad_frame_behind_audio(target: Target, bad: Frame) -> dict[str, Any]:
+    """Speech, a second of silence (its words out) and ``bad`` at once: which results
+    of the audio received before the bad frame still come back."""
     sends = [*audio_frames(speech(2.0)), *silence(1.0), bad]
     seen = await session(target, sends)
     messages = seen.messages()
-    return {"words": words(messages), "error": error_of(messages), "close": seen.close}
+    error = error_of(messages)
+    return {"words": words(messages), "error": sorted(error) if error else None,
+            "close": seen.close}
+
+
+UNKNOWN_TYPE = msgpack.packb({"type": "Hello"})
+MALFORMED = b"\xc1\x00"  # 0xc1: never used in MessagePack
+OVERSIZED = bytes(OVERSIZED_BYTES)
 
 
 async def unknown_type(target: Target) -> dict[str, Any]:
-    return await _bad_frame(target, msgpack.packb({"type": "Hello"}))
+    return await _bad_frame(target, UNKNOWN_TYPE)
 
 
 async def malformed_msgpack(target: Target) -> dict[str, Any]:
-    return await _bad_frame(target, b"\xc1\x00")  # 0xc1: never used in MessagePack
+    return await _bad_frame(target, MALFORMED)
 
 
 async def oversized_frame(target: Target) -> dict[str, Any]:
-    answer = await _bad_frame(target, bytes(OVERSIZED_BYTES))
-    if answer["error"] is not None:  # its message names the sizes: keep its shape
-        answer["error"] = sorted(answer["error"])
-    return answer
+    return await _bad_frame(target, OVERSIZED)
+
+
+async def unknown_type_behind_audio(target: Target) -> dict[str, Any]:
+    return await _bad_frame_behind_audio(target, UNKNOWN_TYPE)
+
+
+async def oversized_frame_behind_audio(target: Target) -> dict[str, Any]:
+    return await _bad_frame_behind_audio(target, OVERSIZED)
 
 
 async def _refused(target: Target, headers: dict[str, str]) -> dict[str, Any]:
@@ -404,10 +447,15 @@ def catalogue(slots: int) -> list[Case]:
              _threaded(post_wav)),
         Case("full server", f"{slots} clients hold every slot, one more connects", full),
         Case("text frame", "a text frame mid-stream (ignored)", text_frame),
-        Case("unknown type", "speech, then {type: Hello}", unknown_type),
-        Case("malformed MessagePack", "speech, then bytes that are no MessagePack",
-             malformed_msgpack),
-        Case("17 MiB frame", "speech, then one 17 MiB binary frame", oversized_frame),
+        Case("unknown type", "once the speech's results are out, {type: Hello}", unknown_type),
+        Case("malformed MessagePack", "once the speech's results are out, bytes that are no"
+             " MessagePack", malformed_msgpack),
+        Case("17 MiB frame", "once the speech's results are out, one 17 MiB binary frame",
+             oversized_frame),
+        Case("unknown type behind audio", "speech and {type: Hello} at once: the results"
+             " of the speech", unknown_type_behind_audio),
+        Case("17 MiB frame behind audio", "speech and a 17 MiB frame at once: the results"
+             " of the speech", oversized_frame_behind_audio),
         Case("no API key", "upgrade without kyutai-api-key", no_key),
         Case("bad API key", "upgrade with a wrong kyutai-api-key", bad_key),
         Case("key in the query", "auth_id instead of the header", query_key),

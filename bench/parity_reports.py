@@ -20,8 +20,7 @@ FAILURE_FIELD = "failed"
 ERRORS_AND_CLOSES = (
     "asrpool sends `Error` with a stable `code` and closes with a status (1008 bad input,"
     " 1009 too large); moshi-server sends no `Error` and drops the TCP connection, no"
-    " close frame. Deliberate: a client learns why (docs/architecture.md, Client protocol)."
-    " The results of the audio received before the bad frame come back on both")
+    " close frame. Deliberate: a client learns why (docs/architecture.md, Client protocol)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +53,11 @@ DOCUMENTED: dict[str, Documented] = {
         ["messages", "close"],
         "asrpool's `Error` adds `code: busy` (a plain client ignores it) and closes 1013 (try"
         " again); moshi-server closes with a close frame without a status (1005). Deliberate"),
-    "unknown type": _documented(["error", "close"], ERRORS_AND_CLOSES),
-    "malformed MessagePack": _documented(["error", "close"], ERRORS_AND_CLOSES),
-    "17 MiB frame": _documented(["error", "close"], ERRORS_AND_CLOSES),
+    "unknown type": _documented(["after", "error", "close"], ERRORS_AND_CLOSES),
+    "malformed MessagePack": _documented(["after", "error", "close"], ERRORS_AND_CLOSES),
+    "17 MiB frame": _documented(["after", "error", "close"], ERRORS_AND_CLOSES),
+    "unknown type behind audio": _documented(["error", "close"], ERRORS_AND_CLOSES),
+    "17 MiB frame behind audio": _documented(["error", "close"], ERRORS_AND_CLOSES),
     "no API key": _documented(
         ["body"], "asrpool's 401 says `unauthorized` in its body, moshi-server's is empty;"
                   " Kyutai's clients read the status alone"),

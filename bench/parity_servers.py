@@ -70,7 +70,7 @@ def ensure_installed(cache: Path, version: str) -> Path:
                            "(rustup) or run `make parity`")
     log = cache / f"build-{version}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"building moshi-server {version} with cargo (the first build takes about an hour "
+    print(f"building moshi-server {version} with cargo (the first build took 46 minutes "
           f"on two busy cores); log: {log}", flush=True)
     started = time.monotonic()
     with log.open("ab") as out:
