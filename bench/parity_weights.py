@@ -104,11 +104,29 @@ def retilt(model: models.LoadedModel) -> None:
         weight[0] *= END_OF_PADDING_TILT / models.END_OF_PADDING_TILT
 
 
-def write_shared_checkpoint(preset_name: str, directory: Path) -> SharedCheckpoint:
-    """Build the seeded random ``preset_name`` (its text head retilted) and write it in
-    both layouts under ``directory`` (``asrpool/`` and ``moshi-core/``)."""
+# The parity model's LM reads Mimi's first 4 codebooks. moshi-server's Mimi (candle) and
+# Python moshi's (torch) round differently, and the deep residual stages of a random
+# Mimi are near ties: from the 7th codebook on the two differ at almost every step
+# (measured on `small`: the first 6 agree at every step after the first, 25 or 26 of 32
+# differ), so an LM reading all 32 gets other inputs on the two servers from the first
+# step on, and no transcript could agree. Read from the first 4, they are the same.
+PARITY_CODEBOOKS = 4
+
+
+def parity_preset(preset_name: str) -> models.Preset:
+    """``preset_name`` with an LM over the first PARITY_CODEBOOKS codebooks."""
     preset = models.PRESETS[preset_name]
-    model = models.build_random(preset_name)
+    n_q = min(PARITY_CODEBOOKS, preset.lm_kwargs["n_q"])
+    lm_kwargs = preset.lm_kwargs | {"n_q": n_q, "delays": [0] * (n_q + 1)}
+    return dataclasses.replace(preset, lm_kwargs=lm_kwargs)
+
+
+def write_shared_checkpoint(preset_name: str, directory: Path) -> SharedCheckpoint:
+    """Build the seeded random parity model of ``preset_name`` (:func:`parity_preset`,
+    its text head retilted) and write it in both layouts under ``directory``
+    (``asrpool/`` and ``moshi-core/``)."""
+    preset = parity_preset(preset_name)
+    model = models.build_random(preset_name, preset=preset)
     if preset.text_bias:
         retilt(model)
     shared = SharedCheckpoint(directory / "asrpool", directory / "moshi-core", preset,

@@ -174,10 +174,11 @@ def _looks_like_repo_id(name: str) -> bool:
 
 def build_random(
     name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-    context: int | None = None, seed: int = 42,
+    context: int | None = None, seed: int = 42, preset: Preset | None = None,
 ) -> LoadedModel:
-    """A seeded random preset; every process builds bit-identical weights."""
-    preset = PRESETS[name]
+    """A seeded random preset (``preset`` instead of the one named, for a variant of a
+    preset that is no preset itself); every process builds bit-identical weights."""
+    preset = preset or PRESETS[name]
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

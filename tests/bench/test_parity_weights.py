@@ -62,9 +62,13 @@ def test_python_moshi_loads_the_moshi_core_layout_as_the_same_model(
         assert all(torch.equal(after[k], v) for k, v in before.items())
 
 
-def test_the_parity_model_leans_less_towards_padding(
+def test_the_parity_model_reads_the_first_codebooks_and_leans_less_towards_padding(
         shared: parity_weights.SharedCheckpoint) -> None:
-    preset = models.build_random("tiny").lm.text_linear.weight
+    assert shared.preset.lm_kwargs["n_q"] == parity_weights.PARITY_CODEBOOKS
+    assert len(shared.preset.lm_kwargs["delays"]) == parity_weights.PARITY_CODEBOOKS + 1
+    assert models.load_model(str(shared.asrpool)).lm.num_audio_codebooks == \
+        parity_weights.PARITY_CODEBOOKS
+    preset = models.build_random("tiny", preset=shared.preset).lm.text_linear.weight
     saved = load_file(str(shared.asrpool / parity_weights.LM_FILE))["text_linear.weight"]
     ratio = parity_weights.PADDING_TILT / models.PADDING_TILT
     assert torch.allclose(saved[3], preset[3] * ratio)
