@@ -1,8 +1,9 @@
 """Parity with Kyutai's own moshi-server, behaviour by behaviour, on shared weights.
 
 Builds (once, cached) Kyutai's ``moshi-server`` at a pinned version, writes one seeded
-random checkpoint (the ``small`` preset: Mimi's real architecture, which moshi-server
-hard-codes, and a 61M-parameter LM) in both weight-name layouts, then runs the same
+random checkpoint (the ``small`` preset's real Mimi, which moshi-server hard-codes, and
+its LM over Mimi's first 4 codebooks: ``parity_weights``) in both weight-name layouts,
+then runs the same
 catalogue of client behaviours (:mod:`asrpool.bench.parity_cases`) against
 moshi-server, an asrpool pod and a router in front of a pod, one server at a time.
 Writes ``bench/results/parity.json`` (each behaviour's answers side by side, and a
@@ -27,7 +28,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asrpool.bench import parity_cases, parity_reports, parity_servers, parity_weights
+from asrpool.bench import (
+    parity_cases,
+    parity_padding,
+    parity_reports,
+    parity_servers,
+    parity_weights,
+)
 
 Answers = dict[str, dict[str, dict[str, Any]]]  # case -> server -> answer
 TABLE_START, TABLE_END = "<!-- parity table: asrpool bench parity -->", "<!-- end of table -->"
@@ -149,8 +156,23 @@ def main(argv: list[str]) -> int:
     with _workdir() as workdir:
         shared = parity_weights.write_shared_checkpoint(opts.preset, workdir / "checkpoint")
         answers = run_servers(names, opts, binary, shared, workdir)
+        padded = padding_check(shared, answers, names, opts)
     result = build_report(answers, names, opts, time.monotonic() - started)
+    if padded is not None:
+        result["first_frame_padding_check"] = padded
     return _write(result, opts)
+
+
+def padding_check(shared: parity_weights.SharedCheckpoint, answers: Answers,
+                  names: list[str], opts: argparse.Namespace) -> dict[str, Any] | None:
+    """The engine padded both ways against moshi-server's and the pod's words
+    (``parity_padding``), when both ran those cases."""
+    moshi, pod = parity_servers.MOSHI_SERVER, parity_servers.POD
+    cases = parity_padding.CASES
+    if moshi not in names or pod not in names or any(name not in answers for name in cases):
+        return None
+    return parity_padding.check(parity_padding.engine_words(shared, opts.batch_size),
+                                answers, moshi, pod)
 
 
 def _write(result: dict[str, Any], opts: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from asrpool.bench import parity, parity_cases, parity_reports
+from asrpool.bench import parity, parity_cases, parity_padding, parity_reports
 from asrpool.common import audio, protocol
 
 SERVERS = ("moshi-server", "asrpool pod")
@@ -30,11 +30,16 @@ def test_a_documented_difference_carries_its_reason() -> None:
 
 
 def test_a_difference_beyond_the_documented_fields_is_undocumented() -> None:
-    answers = {"moshi-server": {"close": "a", "words": [1]},
-               "asrpool pod": {"close": "b", "words": [2]}}
-    found = parity_reports.verdict("unknown type", answers)
-    assert (found["verdict"], found["fields"]) == ("undocumented", ["close", "words"])
+    answers = {"moshi-server": {"close": "a", "results_back": True},
+               "asrpool pod": {"close": "b", "results_back": False}}
+    found = parity_reports.verdict("17 MiB frame behind audio", answers)
+    assert (found["verdict"], found["fields"]) == ("undocumented", ["close", "results_back"])
     assert parity_reports.verdict("file client", answers)["verdict"] == "undocumented"
+
+
+def test_words_differ_by_the_first_frames_padding() -> None:
+    answers = {"moshi-server": {"words": [1]}, "asrpool pod": {"words": [2]}}
+    assert parity_reports.verdict("file client", answers)["reason"] == parity_reports.PADDING
 
 
 def test_a_missing_field_differs_and_a_failed_case_fails() -> None:
@@ -50,6 +55,17 @@ def test_the_report_counts_and_passes_only_without_surprises() -> None:
     assert good["counts"] == {"same": 1, "differs": 0, "undocumented": 0, "failed": 0}
     assert parity_reports.passed(good)
     assert not parity_reports.passed(parity_reports.report([same, odd], {}))
+    unexplained = dict(good, first_frame_padding_check={"file client": {
+        "zeros_equal_moshi_server": False, "replicate_equals_pod": True}})
+    assert not parity_reports.passed(unexplained)
+
+
+def test_the_padding_check_compares_each_padding_with_its_server() -> None:
+    found = {"file client": {"zeros": [["Word", "a", 0.0]], "replicate": [["Word", "b", 0.0]]}}
+    answers = {"file client": {"ms": {"words": [["Word", "a", 0.0]]},
+                               "pod": {"words": [["Word", "c", 0.0]]}}}
+    assert parity_padding.check(found, answers, "ms", "pod") == {"file client": {
+        "zeros_equal_moshi_server": True, "replicate_equals_pod": False}}
 
 
 def test_the_table_shows_each_server_and_escapes_pipes() -> None:
