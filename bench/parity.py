@@ -57,6 +57,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="comma-separated case names to run (default: all; a partial"
                              " run is for debugging, its report is not the committed one)")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run no server: recompute the verdicts and the table from the"
+                             " answers in OUT/parity.json (after a documented reason changed)")
     parser.add_argument("--docs", default="docs/parity.md",
                         help="the Markdown file whose table is rewritten (between its"
                              " markers); none: --docs ''")
@@ -138,8 +141,20 @@ def _workdir() -> Iterator[Path]:
         yield Path(folder)
 
 
+def rereport(opts: argparse.Namespace) -> int:
+    """The verdicts and the table again, from the answers of the last run."""
+    last = json.loads((Path(opts.out) / "parity.json").read_text())
+    rows = [parity_reports.row(r["behaviour"], r["description"], r["answers"])
+            for r in last["behaviours"]]
+    about = {key: value for key, value in last.items()
+             if key not in ("benchmark", "counts", "behaviours")}
+    return _write(parity_reports.report(rows, about), opts)
+
+
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
+    if opts.report_only:
+        return rereport(opts)
     names = [name.strip() for name in opts.servers.split(",") if name.strip()]
     unknown = [name for name in names if name not in SERVERS]
     if unknown or not names:

@@ -30,54 +30,56 @@ PADDING = (
     " words from there on. Checked in every run: asrpool's engine padded with zeros says"
     " moshi-server's words exactly (first_frame_padding_check)")
 
+STEP_COUNTERS = (
+    "moshi-server's `step_idx` is one counter of its whole batch and its `buffered_pcm`"
+    " the slot's leftover samples; asrpool counts each stream's steps from 1 and all of"
+    " its audio waiting in the pod. No Kyutai client reads either (docs/architecture.md,"
+    " The engine)")
+BUSY = ("asrpool's `Error` adds `code: busy` (a plain client ignores it) and closes 1013 (try"
+        " again); moshi-server closes with a close frame without a status (1005). Deliberate")
+UNAUTHORIZED_BODY = ("asrpool's 401 says `unauthorized` in its body, moshi-server's is empty;"
+                     " Kyutai's clients read the status alone")
+MODULES = ("extra string fields (`model`, `draining` on pods; `pool` on routers, one module per"
+           " pool); moshi-server's fields are all there")
+ERRORS_AND_WORDS = f"{ERRORS_AND_CLOSES}. Words: {PADDING}"
+LABELS = {PADDING: "first-frame padding", ERRORS_AND_CLOSES: "explicit Error and close",
+          ERRORS_AND_WORDS: "explicit Error and close; first-frame padding",
+          STEP_COUNTERS: "per-stream Step counters", BUSY: "explicit Error and close",
+          UNAUTHORIZED_BODY: "401 body", MODULES: "extra fields"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Documented:
-    """A deliberate difference: the fields it may change, and why."""
+    """A deliberate difference: the fields it may change, and why (``label``: the
+    table's short name of the reason, which docs/parity.md explains)."""
 
     fields: frozenset[str]
     reason: str
+    label: str
 
 
 def _documented(fields: Sequence[str], reason: str) -> Documented:
-    return Documented(frozenset(fields), reason)
+    return Documented(frozenset(fields), reason, LABELS[reason])
 
 
 DOCUMENTED: dict[str, Documented] = {
-    "Step counters": _documented(
-        ["first_step_idx", "buffered_pcm_first"],
-        "moshi-server's `step_idx` is one counter of its whole batch and its `buffered_pcm`"
-        " the slot's leftover samples; asrpool counts each stream's steps from 1 and all of"
-        " its audio waiting in the pod. No Kyutai client reads either (docs/architecture.md,"
-        " The engine)"),
+    "Step counters": _documented(["first_step_idx", "buffered_pcm_first"], STEP_COUNTERS),
     "speech first": _documented(["words"], PADDING),
     "file client": _documented(["words"], PADDING),
     "markers": _documented(["words"], PADDING),
     "Init mid-stream": _documented(["sequence", "words"], PADDING),
     "POST a WAV": _documented(["body"], PADDING),
     "text frame": _documented(["words"], PADDING),
-    "full server": _documented(
-        ["messages", "close"],
-        "asrpool's `Error` adds `code: busy` (a plain client ignores it) and closes 1013 (try"
-        " again); moshi-server closes with a close frame without a status (1005). Deliberate"),
-    "unknown type": _documented(["after", "error", "close", "words"],
-                                f"{ERRORS_AND_CLOSES}. Words: {PADDING}"),
+    "full server": _documented(["messages", "close"], BUSY),
+    "unknown type": _documented(["after", "error", "close", "words"], ERRORS_AND_WORDS),
     "malformed MessagePack": _documented(["after", "error", "close", "words"],
-                                         f"{ERRORS_AND_CLOSES}. Words: {PADDING}"),
-    "17 MiB frame": _documented(["after", "error", "close", "words"],
-                                f"{ERRORS_AND_CLOSES}. Words: {PADDING}"),
+                                         ERRORS_AND_WORDS),
+    "17 MiB frame": _documented(["after", "error", "close", "words"], ERRORS_AND_WORDS),
     "unknown type behind audio": _documented(["error", "close"], ERRORS_AND_CLOSES),
     "17 MiB frame behind audio": _documented(["error", "close"], ERRORS_AND_CLOSES),
-    "no API key": _documented(
-        ["body"], "asrpool's 401 says `unauthorized` in its body, moshi-server's is empty;"
-                  " Kyutai's clients read the status alone"),
-    "bad API key": _documented(
-        ["body"], "asrpool's 401 says `unauthorized` in its body, moshi-server's is empty;"
-                  " Kyutai's clients read the status alone"),
-    "modules_info": _documented(
-        ["fields", "count"],
-        "extra string fields (`model`, `draining` on pods; `pool` on routers, one module per"
-        " pool); moshi-server's fields are all there"),
+    "no API key": _documented(["body"], UNAUTHORIZED_BODY),
+    "bad API key": _documented(["body"], UNAUTHORIZED_BODY),
+    "modules_info": _documented(["fields", "count"], MODULES),
 }
 
 
@@ -101,7 +103,8 @@ def verdict(behaviour: str, answers: Mapping[str, Mapping[str, Any]]) -> dict[st
         return {"verdict": SAME, "fields": [], "reason": None}
     documented = DOCUMENTED.get(behaviour)
     if documented is not None and set(fields) <= documented.fields:
-        return {"verdict": DIFFERS, "fields": fields, "reason": documented.reason}
+        return {"verdict": DIFFERS, "fields": fields, "reason": documented.reason,
+                "label": documented.label}
     return {"verdict": UNDOCUMENTED, "fields": fields, "reason": None}
 
 
@@ -152,7 +155,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], servers: Sequence[str]) ->
 
 def _verdict_cell(r: Mapping[str, Any]) -> str:
     if r["verdict"] == DIFFERS:
-        return f"differs ({', '.join(r['fields'])}): {r['reason']}"
+        return f"differs ({', '.join(r['fields'])}): {r.get('label') or r['reason']}"
     if r["verdict"] == UNDOCUMENTED:
         return f"**differs, undocumented** ({', '.join(r['fields'])})"
     return str(r["verdict"])

@@ -3,6 +3,7 @@ pure pieces of the catalogue's answers (no server, no cargo)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgpack
@@ -117,3 +118,17 @@ def test_the_wav_posted_holds_the_samples_streamed() -> None:
     assert len(message["pcm"]) == protocol.FRAME_SIZE
     assert np.array_equal(np.asarray(message["pcm"], dtype=np.float32),
                           pcm[:protocol.FRAME_SIZE])
+
+
+def test_report_only_recomputes_the_verdicts_from_the_last_answers(tmp_path: Path) -> None:
+    stale = parity_reports.report([{"behaviour": "no API key", "description": "d",
+                                    "answers": {"moshi-server": {"body": ""},
+                                                "asrpool pod": {"body": "x"}},
+                                    "verdict": "undocumented", "fields": ["body"],
+                                    "reason": None}], {"servers": list(SERVERS)})
+    (tmp_path / "parity.json").write_text(json.dumps(stale))
+    assert parity.main(["--report-only", "--out", str(tmp_path), "--docs", ""]) == 0
+    fresh = json.loads((tmp_path / "parity.json").read_text())
+    assert fresh["counts"]["differs"] == 1
+    assert fresh["behaviours"][0]["label"] == "401 body"
+    assert fresh["servers"] == list(SERVERS)
