@@ -10,7 +10,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test prerequisites lint typecheck unit system-deps cluster-binaries images clean
+.PHONY: demo test prerequisites lint typecheck unit system-deps cluster-binaries images clean \
+  parity parity-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +55,24 @@ system-deps:
 	  | grep -q 'ok installed' || echo $$p; done); [ -z "$$missing" ] || { \
 	  echo "installing" $$missing "(Debian packages) for the tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
+
+# Parity with Kyutai's own moshi-server, behaviour by behaviour (docs/parity.md): not in
+# CI (too long). `asrpool bench parity` builds moshi-server once with cargo (CPU, a pinned
+# version, cached in ~/.cache/asrpool/moshi-server; the first build took 46 minutes here
+# on two busy cores), then runs the catalogue against it, a pod and a router and writes
+# bench/results/parity.json and docs/parity.md's table. Its crates need a C/C++
+# toolchain, CMake (sentencepiece, libopus), OpenSSL's headers and pkg-config, and
+# Python's shared library (pyo3); Rust itself comes from rustup (Debian's is too old).
+PARITY_DEBS = build-essential cmake pkg-config libssl-dev python3-dev
+parity-deps:
+	@missing=$$(for p in $(PARITY_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	  | grep -q 'ok installed' || echo $$p; done); [ -z "$$missing" ] || { \
+	  echo "installing" $$missing "(Debian packages) to build moshi-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
+	@command -v cargo >/dev/null || { echo "no cargo: install Rust with rustup to build moshi-server"; exit 1; }
+
+parity: $(STAMP) parity-deps
+	$(BIN)/asrpool bench parity
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -174,10 +174,11 @@ def _looks_like_repo_id(name: str) -> bool:
 
 def build_random(
     name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-    context: int | None = None, seed: int = 42,
+    context: int | None = None, seed: int = 42, preset: Preset | None = None,
 ) -> LoadedModel:
-    """A seeded random preset; every process builds bit-identical weights."""
-    preset = PRESETS[name]
+    """A seeded random preset (``preset`` instead of the one named, for a variant of a
+    preset that is no preset itself); every process builds bit-identical weights."""
+    preset = preset or PRESETS[name]
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
@@ -201,6 +202,11 @@ def build_random(
     )
 
 
+# How much more weight the padding (3) and end-of-padding (0) rows of a random text
+# head get (text_bias presets).
+PADDING_TILT, END_OF_PADDING_TILT = 5.0, 2.5
+
+
 def _tilt_towards_padding(lm: LMModel) -> None:
     """Give the padding (3) and end-of-padding (0) rows of the text head more weight.
 
@@ -209,8 +215,8 @@ def _tilt_towards_padding(lm: LMModel) -> None:
     """
     with torch.no_grad():
         weight = lm.text_linear.weight
-        weight[3] *= 5.0
-        weight[0] *= 2.5
+        weight[3] *= PADDING_TILT
+        weight[0] *= END_OF_PADDING_TILT
 
 
 def load_checkpoint_dir(
