@@ -156,7 +156,8 @@ def router(shared: parity_weights.SharedCheckpoint, workdir: Path, batch_size: i
     env = {"ASRPOOL_API_KEYS_FILE": str(write_key_file(workdir / "keys.yaml", api_key)),
            "ASRPOOL_POD_TOKEN": secrets.token_urlsafe(24)}
     port = processes.free_port()
-    with _environment(env), local.LocalPlatform(1, batch_size, str(shared.asrpool), port):
+    with processes.inherited_environment(env), \
+            local.LocalPlatform(1, batch_size, str(shared.asrpool), port):
         yield Target(ROUTER, f"http://{processes.LOOPBACK}:{port}", api_key)
 
 
@@ -170,22 +171,6 @@ def _running(name: str, argv: list[str], workdir: Path, target: Target,
         yield
     finally:
         child.stop(STOP_TIMEOUT)
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment (which LocalPlatform's children
-    inherit), restored afterwards."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _http_ok(url: str) -> bool:

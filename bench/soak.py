@@ -613,8 +613,8 @@ def targets_of(plat: local.LocalPlatform) -> list[Target]:
             Target("router", ("127.0.0.1", plat.port), pids["router"])]
 
 
-@contextlib.contextmanager
-def platform_environment(opts: argparse.Namespace) -> Iterator[None]:
+def platform_environment(opts: argparse.Namespace
+                         ) -> contextlib.AbstractContextManager[None]:
     """The pod's and router's deadlines, as the environment their processes inherit
     (restored afterwards)."""
     values = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -626,16 +626,7 @@ def platform_environment(opts: argparse.Namespace) -> Iterator[None]:
                         ("NEW_STREAMS_PER_SECOND", opts.new_streams_per_second)):
         if value is not None:
             values[f"ASRPOOL_{name}"] = str(value)
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return processes.inherited_environment(values)
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -112,6 +112,23 @@ def spawn(name: str, argv: Sequence[str], log: Path, *, env: Mapping[str, str] |
         except OSError as exc:
             raise StartError(f"{name}: cannot run {argv[0]}: {exc.strerror or exc}") from exc
     return Child(name, process, log)
+
+
+@contextlib.contextmanager
+def inherited_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment, which the children started meanwhile
+    inherit (a local platform's pods and routers read their settings there); the
+    environment as it was afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
