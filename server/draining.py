@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from asrpool.common import protocol
 from asrpool.server import outcomes, pods
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ async def drain(pod: pods.Pod, grace: float) -> None:
     for stream in leftover:
         if stream.attached:
             received = pod.buffers.received(stream.slot)
-            processed = received - pod.buffers.buffered(stream.slot)
+            # What the model took (buffered counts Opus still in a lane's child too).
+            processed = pod.buffers.taken(stream.slot) * protocol.FRAME_SIZE
             stream.end_connection(outcomes.shutting_down(processed, received))
         else:
             pod.sessions.close(stream)
