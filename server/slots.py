@@ -131,8 +131,8 @@ class SlotBuffers:
         """``Init``: the engine resets the slot's model row once it has taken every whole
         frame buffered now, before the next one."""
         with self._cond:
-            state = self._slots[slot]
-            if generation is not None and state.generation != generation:
+            state = self._stream_of(slot, generation)
+            if state is None:
                 return
             state.inits.append(state.frames_taken + state.samples // FRAME_SIZE)
             self._cond.notify()
@@ -145,19 +145,25 @@ class SlotBuffers:
             state.active = False
             state.needs_reset = False
 
+    def _stream_of(self, slot: int, generation: int | None) -> _SlotInput | None:
+        """The slot's input if it still holds that generation's stream (any, if None);
+        the caller holds the lock."""
+        state = self._slots[slot]
+        return state if generation is None or state.generation == generation else None
+
     def promise(self, slot: int, generation: int, samples: int) -> None:
         """Up to ``samples`` of the stream's audio are being decoded elsewhere: they count
         as buffered (backpressure, the results of received audio) until they come."""
         with self._cond:
-            state = self._slots[slot]
-            if state.generation == generation:
+            state = self._stream_of(slot, generation)
+            if state is not None:
                 state.promised += samples
 
     def unpromise(self, slot: int, generation: int) -> None:
         """What was promised will not come (its decoder failed)."""
         with self._cond:
-            state = self._slots[slot]
-            if state.generation == generation:
+            state = self._stream_of(slot, generation)
+            if state is not None:
                 state.promised = 0
 
     def push_audio(self, slot: int, pcm: NDArray[np.float32], generation: int | None = None,
@@ -165,8 +171,8 @@ class SlotBuffers:
         """Audio for the slot's stream: of ``generation`` only, if given (a decoder's late
         answer never reaches the slot's next stream), in place of ``promised`` samples."""
         with self._cond:
-            state = self._slots[slot]
-            if generation is not None and state.generation != generation:
+            state = self._stream_of(slot, generation)
+            if state is None:
                 return
             state.promised = max(state.promised - promised, 0)
             if not len(pcm):
@@ -181,8 +187,8 @@ class SlotBuffers:
     def push_marker(self, slot: int, marker_id: int, generation: int | None = None) -> None:
         """Due after every full frame buffered now (the frame number, counted per stream)."""
         with self._cond:
-            state = self._slots[slot]
-            if generation is not None and state.generation != generation:
+            state = self._stream_of(slot, generation)
+            if state is None:
                 return
             state.markers.append((marker_id, state.frames_taken + state.samples // FRAME_SIZE))
             self._cond.notify()
