@@ -10,7 +10,9 @@ then for Opus the stream's own decoder (``server.inputs``), then the slot's buff
   staggered so that each step takes a twelfth of them;
 - ``opus``: ``OggOpus`` messages of one page each as sphn's stream writer cuts them
   (40 ms: two per step), each stream with its own decoder over one Ogg stream;
-- ``opus-lanes``: the same pages decoded by the pod's Opus lanes
+- ``opus-20ms``: the same audio in pages of one 20 ms packet each (four per step), as
+  browsers' recorders send it: the costliest way to send Opus;
+- ``opus-lanes``, ``opus-20ms-lanes``: those messages handed to the pod's Opus lanes
   (``server.opuslanes``, ``LANES`` children) as ``--opus-workers`` does: the step waits
   for their answers, but only the pod's own CPU counts as its host work.
 """
@@ -25,14 +27,15 @@ import msgpack
 import numpy as np
 from numpy.typing import NDArray
 
-from asrpool.bench import isolation
-from asrpool.common import protocol
+from asrpool.bench import isolation, oggfiles
+from asrpool.common import oggopus, protocol
 from asrpool.server import inputs, opuslanes, slots
 
-KINDS = ("pcm-80ms", "pcm-1s", "opus", "opus-lanes")
+KINDS = ("pcm-80ms", "pcm-1s", "opus", "opus-20ms", "opus-lanes", "opus-20ms-lanes")
 LANES = 2
 FRAMES_PER_SECOND_MESSAGE = 12
 _BANK_FRAMES = 50  # distinct PCM frames, cycled (4 s of audio)
+_LANE_ROOM = 10 * protocol.SAMPLE_RATE  # a slot's buffer, as a pod's default
 
 
 class Intake(Protocol):
@@ -49,10 +52,10 @@ def build(kind: str, batch: int, steps: int) -> Intake:
         return PcmIntake(batch, 1)
     if kind == "pcm-1s":
         return PcmIntake(batch, FRAMES_PER_SECOND_MESSAGE)
-    if kind == "opus":
-        return OpusIntake(batch, steps)
-    if kind == "opus-lanes":
-        return LanedOpusIntake(batch, steps)
+    if kind in ("opus", "opus-20ms"):
+        return OpusIntake(batch, steps, one_packet_pages=kind == "opus-20ms")
+    if kind in ("opus-lanes", "opus-20ms-lanes"):
+        return LanedOpusIntake(batch, steps, one_packet_pages=kind == "opus-20ms-lanes")
     raise ValueError(f"unknown input kind {kind!r}: one of {', '.join(KINDS)}")
 
 
@@ -88,21 +91,16 @@ class PcmIntake:
 
 
 class OpusIntake:
-    """Each stream's Ogg Opus stream, one page per message, two pages per step."""
+    """Each stream's Ogg Opus stream, one page per message: 40 ms pages as sphn's
+    writer cuts them, or (``one_packet_pages``) a page per 20 ms packet."""
 
-    PAGES_PER_STEP = 2
-
-    def __init__(self, batch: int, steps: int) -> None:
-        import sphn
-
+    def __init__(self, batch: int, steps: int, one_packet_pages: bool = False) -> None:
         self.batch = batch
-        writer = sphn.OpusStreamWriter(protocol.SAMPLE_RATE)
-        audio = _audio(steps + 4)
-        quarter = protocol.FRAME_SIZE // 4
-        chunks = [bytes(writer.append_pcm(audio[i:i + quarter]))
-                  for i in range(0, len(audio), quarter)]
-        pages = [chunk for chunk in chunks if chunk]
-        pages[:2] = [pages[0] + pages[1]]  # the headers go with the first audio page
+        pages = _opus_pages(_audio(steps + 4))
+        if one_packet_pages:
+            pages = _one_packet_pages(pages)
+        self.per_step = len(pages) // (steps + 4)
+        pages[:3] = [b"".join(pages[:3])]  # the headers go with the first audio page
         self.bank = [msgpack.packb({"type": "OggOpus", "data": page}) for page in pages]
         self.inputs = [inputs.StreamInput() for _ in range(batch)]
 
@@ -110,8 +108,8 @@ class OpusIntake:
         pass
 
     def messages(self, step: int) -> list[bytes]:
-        first = step * self.PAGES_PER_STEP
-        messages = self.bank[first:first + self.PAGES_PER_STEP]
+        first = step * self.per_step
+        messages = self.bank[first:first + self.per_step]
         assert messages, "the intake was built for fewer steps"
         return messages
 
@@ -124,14 +122,60 @@ class OpusIntake:
                 buffers.push_audio(slot, stream.opus_decoder().decode(message["data"]))
 
 
-class LanedOpusIntake(OpusIntake):
-    """:class:`OpusIntake`'s pages handed to Opus lanes, as a pod with ``--opus-workers``
-    does; a step's feed returns once every page's audio is in its slot's buffer."""
+def _opus_pages(audio: NDArray[np.float32]) -> list[bytes]:
+    """OpusHead, OpusTags, then 40 ms pages of ``audio``, as sphn's stream writer cuts them."""
+    import sphn
 
-    def __init__(self, batch: int, steps: int) -> None:
-        super().__init__(batch, steps)
+    writer = sphn.OpusStreamWriter(protocol.SAMPLE_RATE)
+    quarter = protocol.FRAME_SIZE // 4
+    chunks = [bytes(writer.append_pcm(audio[i:i + quarter]))
+              for i in range(0, len(audio), quarter)]
+    pages = [page for chunk in chunks if chunk for page in _split_pages(chunk)]
+    assert oggopus.page_size(pages[0]) == len(pages[0]) and b"OpusHead" in pages[0]
+    return pages
+
+
+def _split_pages(data: bytes) -> list[bytes]:
+    pages = []
+    while data:
+        size = oggopus.page_size(data)
+        assert size is not None
+        pages.append(data[:size])
+        data = data[size:]
+    return pages
+
+
+def _one_packet_pages(pages: list[bytes]) -> list[bytes]:
+    """The same Ogg Opus stream, its audio one packet to a page."""
+    packets = [packet for page in pages[2:] for packet in _packets(page)]
+    return _split_pages(oggfiles.opus_file(packets, oggfiles.FRAME_20_MS, per_page=1))
+
+
+def _packets(page: bytes) -> list[bytes]:
+    """A page's packets (each within the page: sphn's pages end on packets)."""
+    segments = page[26]
+    lacing = page[oggopus.PAGE_HEADER:oggopus.PAGE_HEADER + segments]
+    packets, current, at = [], b"", oggopus.PAGE_HEADER + segments
+    for size in lacing:
+        current += page[at:at + size]
+        at += size
+        if size < 255:
+            packets.append(current)
+            current = b""
+    assert not current, "a packet runs on to the next page"
+    return packets
+
+
+class LanedOpusIntake(OpusIntake):
+    """:class:`OpusIntake`'s messages handed to Opus lanes, as a pod with
+    ``--opus-workers`` does; a step's feed returns once every message's audio is in its
+    slot's buffer."""
+
+    def __init__(self, batch: int, steps: int, one_packet_pages: bool = False) -> None:
+        super().__init__(batch, steps, one_packet_pages)
         self._loop = asyncio.new_event_loop()  # never run: failures would wait there
         self._lanes: opuslanes.OpusLanes | None = None
+        self._generations: list[int] = []
 
     def close(self) -> None:
         if self._lanes is not None:
@@ -140,19 +184,17 @@ class LanedOpusIntake(OpusIntake):
 
     def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
         if self._lanes is None:
-            self._lanes = opuslanes.OpusLanes(LANES, buffers, self._loop, self._failed)
+            self._lanes = opuslanes.OpusLanes(LANES, buffers, _LANE_ROOM, self._loop,
+                                              self._failed)
+            self._generations = [buffers.generation(slot) for slot in range(self.batch)]
         for data in self.messages(step):
-            for slot, stream in enumerate(self.inputs):
+            for slot, stream in enumerate(self.inputs):  # as a stream's Handle does
                 message = protocol.decode_client(data)
                 assert message["type"] == "OggOpus"
-                opus = stream.opus_decoder()
-                opus.take(message["data"])
-                lane = self._lanes.lane(slot)
-                generation = buffers.generation(slot)
-                for page, declared in opus.next_pages(None):
-                    lane.send_page(slot, generation, page, declared)
+                stream.claim("OggOpus")
+                self._lanes.lane(slot).send_data(slot, self._generations[slot], message["data"])
         while buffers.being_decoded():
-            time.sleep(0.0002)
+            time.sleep(0.001)
 
     @staticmethod
     def _failed(slot: int, generation: int, reason: str) -> None:

@@ -9,12 +9,13 @@ output, and finishes with an :data:`outcomes.Outcome`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from asrpool.common import protocol
-from asrpool.server import inputs, metrics, opuslanes, outcomes, sessions, settings, slots
+from asrpool.server import metrics, opuslanes, outcomes, sessions, settings, slots
 
 _DECODE_IN_LOOP = 64 << 10  # larger OggOpus messages are decoded in a thread
 
@@ -70,10 +71,10 @@ class Handle:
     async def _push_opus(self, data: bytes) -> None:
         """Decoded only as far as the slot's buffer has room; the rest waits, still
         encoded, for room (the connection is not read meanwhile, as for PCM)."""
-        opus = self._stream.input.opus_decoder()
         if self._lanes is not None:
-            await self._queue_opus(opus, data, self._lanes.lane(self._stream.slot))
+            await self._queue_opus(data, self._lanes)
             return
+        opus = self._stream.input.opus_decoder()
         while True:
             room = max(self._cap - self.buffered(), 0)
             if len(data) + opus.pending > _DECODE_IN_LOOP:
@@ -88,19 +89,19 @@ class Handle:
             data = b""
             await self.room()
 
-    async def _queue_opus(self, opus: inputs.OpusDecoder, data: bytes,
-                          lane: opuslanes.Lane) -> None:
-        """Handed to the slot's lane as far as the buffer has room (each page counts as
-        buffered from now on); the rest waits, still encoded, for room."""
-        opus.take(data)
+    async def _queue_opus(self, data: bytes, lanes: opuslanes.OpusLanes) -> None:
+        """Handed, as it came, to the slot's lane, which decodes no more than the slot's
+        buffer has room for and holds the rest, still encoded; the connection is not
+        read while the lane holds much of the stream's bytes."""
         stream = self._stream
-        while True:
-            room = max(self._cap - self.buffered(), 0)
-            for page, declared in opus.next_pages(room):
-                lane.send_page(stream.slot, stream.generation, page, declared)
-            if not opus.pending:
-                return
-            await self.room()
+        stream.input.claim("OggOpus")
+        while self._lane_full():
+            await self._changed(self._lane_full)
+        lanes.lane(stream.slot).send_data(stream.slot, stream.generation, data)
+
+    def _lane_full(self) -> bool:
+        lane = self._lane_of_opus()
+        return lane is not None and lane.full(self._stream.slot, self._stream.generation)
 
     def _lane_of_opus(self) -> opuslanes.Lane | None:
         """The lane an Opus stream's markers and Inits go through (behind its pages)."""
@@ -141,17 +142,29 @@ class Handle:
                 await stream.room.wait()
 
     def processed(self) -> bool:
-        """Whether the engine has stepped every whole frame received, its results posted."""
-        taken = self._buffers.taken(self._stream.slot)
-        return self.buffered() < protocol.FRAME_SIZE and self._stream.frames_done >= taken
+        """Whether the engine has stepped every whole frame received, its results posted
+        (an Opus lane has every message of the stream decoded)."""
+        slot = self._stream.slot
+        taken = self._buffers.taken(slot)
+        return (self.buffered() < protocol.FRAME_SIZE and not self._buffers.decoding(slot)
+                and self._stream.frames_done >= taken)
 
     async def all_processed(self) -> None:
         """Return once :meth:`processed` (the caller bounds the wait)."""
+        def waiting() -> bool:
+            return not self.processed()
+
+        while waiting():
+            await self._changed(waiting)
+
+    async def _changed(self, waiting: Callable[[], bool]) -> None:
+        """Wait, while ``waiting()``, for the stream's next step results or for its lane
+        to settle messages."""
         stream = self._stream
-        while not self.processed():
-            stream.room.clear()  # set with every step's results
-            if not self.processed():
-                await stream.room.wait()
+        stream.room.clear()  # set with every step's results, and by the lane
+        self._buffers.watch(stream.slot, stream.generation)  # an Opus lane's hand-offs
+        if waiting():
+            await stream.room.wait()
 
     # Output.
 

@@ -38,7 +38,7 @@ def ogg_crc(page: bytes) -> int:
     return int(f"{reflected:032b}"[::-1], 2)
 
 
-def _bad(message: str) -> protocol.ProtocolError:
+def bad_audio(message: str) -> protocol.ProtocolError:
     return protocol.ProtocolError(message, protocol.ErrorCode.BAD_AUDIO)
 
 
@@ -65,19 +65,19 @@ class OggPages:
     def _next(self) -> bytes | None:
         buffer = self._buffer
         if len(buffer) >= 4 and buffer[:4] != b"OggS":
-            raise _bad(f"OggOpus data after page {self.count} is not an Ogg page "
+            raise bad_audio(f"OggOpus data after page {self.count} is not an Ogg page "
                        "(no 'OggS' capture pattern): a truncated page or not Ogg at all")
         size = oggopus.page_size(buffer)
         if size is None or len(buffer) < size:
             if _valid_page_inside(buffer):  # the next page began before this one ended
-                raise _bad(f"Ogg page {self.count} is truncated (the next page starts "
+                raise bad_audio(f"Ogg page {self.count} is truncated (the next page starts "
                            "inside it)")
             return None
         page = bytes(buffer[:size])
         followed = buffer[size:size + 4] == b"OggS"  # then it cannot be truncated
         del buffer[:size]
         if not followed and not _crc_ok(page):
-            raise _bad(f"Ogg page {self.count} fails its CRC check: truncated or corrupt")
+            raise bad_audio(f"Ogg page {self.count} fails its CRC check: truncated or corrupt")
         self.count += 1
         return page
 
@@ -105,9 +105,9 @@ def check_opus_head(page: bytes) -> None:
     down-mix a stereo stream)."""
     packet = page[_PAGE_HEADER + page[26]:]
     if packet[:8] != b"OpusHead" or len(packet) < 10:
-        raise _bad("OggOpus stream does not start with an OpusHead packet (not Opus)")
+        raise bad_audio("OggOpus stream does not start with an OpusHead packet (not Opus)")
     if packet[9] != 1:
-        raise _bad(f"OggOpus stream has {packet[9]} channels; only mono is accepted")
+        raise bad_audio(f"OggOpus stream has {packet[9]} channels; only mono is accepted")
 
 
 class OpusDecoder:
@@ -168,7 +168,7 @@ class OpusDecoder:
         out = np.concatenate([self._decode_page(page) for page in pages])
         problem = protocol.sample_problem(out)
         if problem is not None:
-            raise _bad(f"decoded Ogg Opus audio {problem}")
+            raise bad_audio(f"decoded Ogg Opus audio {problem}")
         return out
 
     def _head_samples(self) -> int:
@@ -183,7 +183,7 @@ class OpusDecoder:
         try:  # one page at a time: sphn's reader fails on many pages in one call
             pcm = self._reader.append_bytes(page)
         except ValueError as exc:  # sphn reports what it cannot decode as ValueError
-            raise _bad(f"undecodable Ogg Opus data: {exc}") from exc
+            raise bad_audio(f"undecodable Ogg Opus data: {exc}") from exc
         return np.asarray(pcm, dtype=np.float32).reshape(-1)
 
 
@@ -197,18 +197,19 @@ class StreamInput:
     def pcm(self, message: protocol.AudioMessage | protocol.OggOpusMessage) -> NDArray[np.float32]:
         """The message's audio, all of it decoded."""
         if message["type"] == "Audio":
-            self._claim("Audio")
+            self.claim("Audio")
             return message["pcm"]
         return self.opus_decoder().decode(message["data"])
 
     def opus_decoder(self) -> OpusDecoder:
         """The stream's Opus decoder (the stream is an OggOpus one from now on)."""
-        self._claim("OggOpus")
+        self.claim("OggOpus")
         if self.opus is None:
             self.opus = OpusDecoder()
         return self.opus
 
-    def _claim(self, kind: str) -> None:
+    def claim(self, kind: str) -> None:
+        """The stream sends ``kind`` of audio (its first audio message fixes it)."""
         if self.kind is None:
             self.kind = kind
         elif self.kind != kind:

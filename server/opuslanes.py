@@ -1,18 +1,23 @@
 """Opus decoded beside the event loop: a pod's lanes to its decoding children.
 
-With ``--opus-workers N`` (N > 0) a stream's ``OggOpus`` pages are framed, checked and
-weighed on the event loop as before (:class:`inputs.OpusDecoder`), then handed to one of
-N child processes (:mod:`opusworker`; slot ``s`` to child ``s % N``), which decode them
-in parallel, outside the pod's GIL. The event loop only queues bytes: a writer thread
-per lane batches what was queued into one pipe write, and a reader thread per lane
-puts each answer straight into the slot's buffer (:class:`slots.SlotBuffers` is
-thread-safe). A page counts as buffered from the moment it is queued, for as many
-samples as its packets declare (:meth:`slots.SlotBuffers.promise`), so backpressure and
-"every result of the audio received" hold as when it was decoded on the spot. A stream's
-markers and ``Init`` go through its lane too, so they land after the audio sent before
-them. A page the child cannot decode ends its stream (``bad_audio``), through
-``on_failure`` on the event loop; a child that dies ends the streams of its lane and is
-started again.
+With ``--opus-workers N`` (N > 0) a stream's ``OggOpus`` messages are handed, bytes as
+they came, to one of N child processes (:mod:`opusworker`; slot ``s`` to child
+``s % N``), which frame, check, weigh and decode them in parallel, outside the pod's
+GIL. The event loop only queues bytes: a writer thread per lane batches what was queued
+into one pipe write, and a reader thread per lane puts each answer straight into the
+slot's buffer (:class:`slots.SlotBuffers` is thread-safe).
+
+Nothing is decoded past a slot's room: each message carries the room the slot had when
+it was sent, the child decodes while that room lasts and holds the rest, still encoded,
+and after each engine step the pod reports the room again for every stream with a
+message not wholly decoded (:meth:`OpusLanes.after_step`). A message counts as received
+but not yet in (:meth:`slots.SlotBuffers.hand_off`) until its child says it is wholly
+decoded, so "every result of the audio received" holds; and a stream stops being read
+while :data:`MAX_BYTES_IN_FLIGHT` of its bytes wait in its child (:meth:`Lane.full`). A
+stream's markers and ``Init`` go through its lane too, so they land after the audio sent
+before them. Bytes the child cannot frame or decode end their stream (``bad_audio``),
+through ``on_failure`` on the event loop; a child that dies ends the streams of its lane
+and is started again.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import struct
 import subprocess
@@ -34,24 +40,27 @@ from asrpool.server import opusworker, slots
 logger = logging.getLogger(__name__)
 
 Failure = Callable[[int, int, str], None]  # slot, generation, reason
+Wake = Callable[[int, int], None]  # slot, generation: its messages settled
+MAX_BYTES_IN_FLIGHT = 1 << 20  # a stream's bytes in its child before it is read no more
 _MARKER_ID = struct.Struct("<q")
 _BATCH = 4096  # records in one write at most
+_READ = 1 << 20
 
 
 class Lane:
     """One decoding child with its writer and reader threads."""
 
-    def __init__(self, index: int, buffers: slots.SlotBuffers, report: Failure,
-                 on_lost: Callable[[int], None]) -> None:
+    def __init__(self, index: int, buffers: slots.SlotBuffers, cap: int, report: Failure,
+                 on_lost: Callable[[int], None], wake: Wake) -> None:
         self.index = index
         self.lost = False  # the child is gone (set by its threads)
         self._buffers = buffers
-        self._report = report  # both called from the reader thread
+        self._cap = cap  # a slot's buffer, in samples
+        self._report = report  # these three are called from the reader thread
         self._on_lost = on_lost
+        self._wake = wake
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._promised: dict[tuple[int, int], list[int]] = {}  # (slot, gen) -> per page
-        self._served: dict[int, int] = {}  # slot -> the generation whose decoder is here
-        self._lock = threading.Lock()
+        self._served: dict[int, int] = {}  # slot -> the generation whose stream is here
         self._child = subprocess.Popen(
             # -P: the working directory is not put on sys.path (a checkout's operator/).
             [sys.executable, "-P", "-m", "asrpool.server.opusworker"],
@@ -62,12 +71,22 @@ class Lane:
         for thread in self._threads:
             thread.start()
 
-    def send_page(self, slot: int, generation: int, page: bytes, declared: int) -> None:
-        with self._lock:
-            self._promised.setdefault((slot, generation), []).append(declared)
-            self._served[slot] = generation
-        self._buffers.promise(slot, generation, declared)
-        self._outbox.put(opusworker.record(opusworker.PAGE, slot, generation, page))
+    def send_data(self, slot: int, generation: int, data: bytes) -> None:
+        """One ``OggOpus`` message of the stream, with its slot's room now and the samples
+        of the stream in its buffer so far."""
+        now = self._buffers.hand_off(slot, generation, len(data))
+        if now is None:  # the stream has ended
+            return
+        buffered, received = now
+        self._served[slot] = generation
+        fields = opusworker.ROOM_FIELDS
+        self._outbox.put(opusworker.HEADER.pack(opusworker.DATA, slot, generation,
+                                                fields.size + len(data))
+                         + fields.pack(max(self._cap - buffered, 0), received) + data)
+
+    def send_room(self, slot: int, generation: int, room: int, applied: int) -> None:
+        self._outbox.put(opusworker.record(opusworker.ROOM, slot, generation,
+                                           opusworker.ROOM_FIELDS.pack(room, applied)))
 
     def send_marker(self, slot: int, generation: int, marker_id: int) -> None:
         self._outbox.put(opusworker.record(opusworker.MARKER, slot, generation,
@@ -75,6 +94,10 @@ class Lane:
 
     def send_init(self, slot: int, generation: int) -> None:
         self._outbox.put(opusworker.record(opusworker.INIT, slot, generation))
+
+    def full(self, slot: int, generation: int) -> bool:
+        """Whether the stream has :data:`MAX_BYTES_IN_FLIGHT` waiting in the child."""
+        return self._buffers.bytes_handed_off(slot, generation) >= MAX_BYTES_IN_FLIGHT
 
     def close(self, timeout: float = 5.0) -> None:
         self._outbox.put(None)
@@ -108,50 +131,51 @@ class Lane:
     def _read(self) -> None:
         stdout = self._child.stdout
         assert stdout is not None
-        header = opusworker.HEADER
-        while head := stdout.read(header.size):
-            if len(head) < header.size:
-                break
-            kind, slot, generation, length = header.unpack(head)
-            payload = stdout.read(length) if length else b""
-            self._apply(kind, slot, generation, payload)
+        pending = b""
+        while chunk := os.read(stdout.fileno(), _READ):
+            found, at = opusworker.records(pending + chunk)
+            pending = (pending + chunk)[at:]
+            self._apply(found)
         self._lost()
 
-    def _apply(self, kind: int, slot: int, generation: int, payload: bytes) -> None:
-        if kind == opusworker.PCM:
-            pcm = np.frombuffer(payload, dtype=np.float32)
-            self._buffers.push_audio(slot, pcm, generation, self._take_promise(slot, generation))
-        elif kind == opusworker.MARKER:
-            self._buffers.push_marker(slot, _MARKER_ID.unpack(payload)[0], generation)
-        elif kind == opusworker.INIT:
-            self._buffers.restart(slot, generation)
-        elif kind == opusworker.FAILED:
-            self._forget(slot, generation)
-            self._report(slot, generation, payload.decode(errors="replace"))
+    def _apply(self, records: list[tuple[int, int, int, bytes]]) -> None:
+        """One read's answers, in order: audio in one go until a marker, an Init or a
+        failure, which land after it."""
+        decoded: list[slots.Decoded] = []
+        for kind, slot, generation, payload in records:
+            if kind == opusworker.PCM:
+                settled = opusworker.SETTLED.unpack_from(payload)[0]
+                pcm = np.frombuffer(payload, dtype=np.float32, offset=opusworker.SETTLED.size)
+                decoded.append((slot, generation, pcm, settled))
+                continue
+            self._push(decoded)
+            decoded = []
+            if kind == opusworker.MARKER:
+                self._buffers.push_marker(slot, _MARKER_ID.unpack(payload)[0], generation)
+            elif kind == opusworker.INIT:
+                self._buffers.restart(slot, generation)
+            elif kind == opusworker.FAILED:
+                self._forget(slot, generation)
+                self._report(slot, generation, payload.decode(errors="replace"))
+        self._push(decoded)
 
-    def _take_promise(self, slot: int, generation: int) -> int:
-        with self._lock:
-            pages = self._promised.get((slot, generation))
-            if not pages:
-                return 0
-            declared = pages.pop(0)
-            if not pages:
-                del self._promised[(slot, generation)]
-            return declared
+    def _push(self, decoded: list[slots.Decoded]) -> None:
+        if decoded:
+            for slot, generation in self._buffers.push_decoded(decoded):
+                self._wake(slot, generation)
 
     def _forget(self, slot: int, generation: int) -> None:
-        with self._lock:
-            self._promised.pop((slot, generation), None)
-        self._buffers.unpromise(slot, generation)
+        if self._served.get(slot) == generation:
+            self._served.pop(slot, None)
+        self._buffers.drop_hand_offs(slot, generation)
 
     def _lost(self) -> None:
         """The child's output ended: no stream whose decoder it held can go on (the pod
         ignores those that have ended already)."""
-        with self._lock:
-            streams, self._promised, self._served = list(self._served.items()), {}, {}
+        streams, self._served = list(self._served.items()), {}
         self.lost = True
         for slot, generation in streams:
-            self._buffers.unpromise(slot, generation)
+            self._buffers.drop_hand_offs(slot, generation)
             self._report(slot, generation, "the Opus decoder of this stream failed")
         self._on_lost(self.index)
 
@@ -159,16 +183,26 @@ class Lane:
 class OpusLanes:
     """``workers`` lanes; a slot always uses the same one (its decoder lives there)."""
 
-    def __init__(self, workers: int, buffers: slots.SlotBuffers,
-                 loop: asyncio.AbstractEventLoop, on_failure: Failure) -> None:
+    def __init__(self, workers: int, buffers: slots.SlotBuffers, cap: int,
+                 loop: asyncio.AbstractEventLoop, on_failure: Failure,
+                 on_settled: Wake | None = None) -> None:
         self._buffers = buffers
+        self._cap = cap  # a slot's buffer, in samples
         self._loop = loop
         self._on_failure = on_failure
+        self._on_settled = on_settled
         self._lanes = [self._start(index) for index in range(workers)]
         self._closed = False
 
     def _start(self, index: int) -> Lane:
-        return Lane(index, self._buffers, self._report, self._lost)
+        return Lane(index, self._buffers, self._cap, self._report, self._lost, self._settled)
+
+    def after_step(self) -> None:
+        """The engine took audio: every stream with a message not wholly decoded hears
+        its room (its child may be holding pages for it)."""
+        for slot, generation in self._buffers.unsettled():
+            buffered, received = self._buffers.buffered_and_received(slot)
+            self.lane(slot).send_room(slot, generation, max(self._cap - buffered, 0), received)
 
     def lane(self, slot: int) -> Lane:
         lane = self._lanes[slot % len(self._lanes)]
@@ -192,6 +226,12 @@ class OpusLanes:
         """From a reader thread: the stream fails on the event loop."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: the pod is gone
             self._loop.call_soon_threadsafe(self._on_failure, slot, generation, reason)
+
+    def _settled(self, slot: int, generation: int) -> None:
+        """From a reader thread: messages the event loop waits on are in."""
+        if self._on_settled is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._on_settled, slot, generation)
 
     def _lost(self, index: int) -> None:
         """From a reader thread: its lane starts a new child on the event loop."""

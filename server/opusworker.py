@@ -1,24 +1,36 @@
-"""A pod's Opus decoding child: Ogg pages in on standard input, 24 kHz PCM out.
+"""A pod's Opus decoding child: streams' OggOpus messages in on standard input, 24 kHz
+PCM out.
 
-sphn holds the GIL while it decodes (some 50 us per 40 ms page here), so a pod that
-decoded every stream's pages itself would spend its one event loop on them. With
-``--opus-workers N`` it hands them to N of these children instead (:mod:`opuslanes`),
-each slot to one child, which keeps that slot's decoder. Records both ways are
-:data:`HEADER` (kind, slot, generation, length) then ``length`` bytes:
+Framing, checking, weighing and decoding an Ogg Opus page costs the pod's event loop
+far more than reading the message that carries it (sphn alone holds the GIL some
+50 us per 40 ms page). With ``--opus-workers N`` a pod hands each ``OggOpus`` message's
+bytes, as they came, to one of N of these children instead (:mod:`opuslanes`; a slot
+always to the same child), which keeps that slot's framer and decoder. Records both
+ways are :data:`HEADER` (kind, slot, generation, length) then ``length`` bytes:
 
-- ``PAGE`` in: one whole Ogg page, already framed and checked by the pod; out: ``PCM``
-  (float32, native order) or ``FAILED`` (the reason, UTF-8), after which that stream's
-  further pages are dropped unanswered (the pod ends it);
+- ``DATA`` in: :data:`ROOM_FIELDS` (the slot's room and the samples the pod has
+  applied of this stream), then the message's bytes (any piece of the Ogg stream);
+- ``ROOM`` in: :data:`ROOM_FIELDS` alone, the pod's word that the engine took audio;
+- ``PCM`` out: :data:`SETTLED` (how many ``DATA`` messages are now wholly decoded)
+  then float32 samples (native order);
+- ``FAILED`` out: the reason (UTF-8), after which that stream's further records are
+  dropped unanswered (the pod ends it);
 - ``MARKER`` (8 bytes: the id) and ``INIT`` in: echoed out in their place among the
-  pages, so the pod applies them after the audio sent before them, in message order.
+  stream's audio, so the pod applies them after the audio sent before them.
 
-A page of a new generation on a slot starts a new decoder there (a new stream); so
-the child holds at most one decoder per slot it serves. It reads whatever has come,
-decodes it, and answers in one write; it exits at the end of its input.
+Decoded audio is bounded while decoding: a page is decoded only while the stream has
+credit, the room the pod last reported less what was decoded since and not yet applied
+(:class:`Credit`); the rest waits here, still encoded, for the next ``ROOM``. A page
+holds at most 255 packets of 120 ms, so one page past the room is the most a stream
+can overshoot. A record of a new generation on a slot starts a new stream there, so the
+child holds one stream per slot it serves. It reads whatever has come, decodes what it
+may, and answers in one write; it exits at the end of its input.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
 import struct
 import sys
@@ -27,70 +39,199 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from asrpool.common import protocol
+from asrpool.common import oggopus, protocol
+from asrpool.server import inputs
 
 HEADER = struct.Struct("<BIII")  # kind, slot, generation, payload length
-PAGE, PCM, FAILED, MARKER, INIT = range(5)
+ROOM_FIELDS = struct.Struct("<qq")  # room in samples, samples applied by the pod
+SETTLED = struct.Struct("<I")
+DATA, PCM, FAILED, MARKER, INIT, ROOM = range(6)
 _READ = 1 << 20
+_SETTLE = -1  # in a stream's queue: one DATA message is wholly decoded once here
+_NONE = np.zeros(0, dtype=np.float32)
 
 
 def record(kind: int, slot: int, generation: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, slot, generation, len(payload)) + payload
 
 
-class Decoders:
-    """One sphn stream reader per slot, for its current generation."""
+@dataclasses.dataclass
+class Credit:
+    """How much a stream may still decode: the room the pod reported when it had
+    applied ``applied`` samples, less what was decoded here since."""
 
-    def __init__(self) -> None:
-        self._readers: dict[int, tuple[int, Any]] = {}
-        self._failed: set[tuple[int, int]] = set()
+    room: int = 0
+    applied: int = 0
+    decoded: int = 0  # samples decoded for this stream so far
 
-    def answer(self, kind: int, slot: int, generation: int, payload: bytes) -> bytes:
-        """The record(s) answering one input record (empty: nothing to say)."""
-        if (slot, generation) in self._failed:
-            return b""
-        if kind != PAGE:
-            return record(kind, slot, generation, payload)
+    def update(self, payload: bytes | memoryview) -> None:
+        self.room, self.applied = ROOM_FIELDS.unpack_from(payload)
+
+    def spend(self, declared: int, decoded: int) -> None:
+        """A page decoded: it costs what its packets declared (at least what it gave)."""
+        self.decoded += decoded
+        self.room -= max(declared - decoded, 0)
+
+    @property
+    def left(self) -> int:
+        return self.room - (self.decoded - self.applied)
+
+
+class Stream:
+    """One slot's stream: its Ogg framing, its packet count, its decoder, and what
+    waits in order: pages (with the samples they declare), settles and echoes."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.credit = Credit()
+        self.failed = False
+        self._pages = inputs.OggPages()
+        self._counter = oggopus.Counter()
+        self._reader: Any = None
+        self._waiting: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self._pcm: list[NDArray[np.float32]] = []
+        self._settled = 0
+
+    def take(self, data: bytes) -> None:
+        """A message's bytes: its whole pages wait, weighed, then its settle; raises
+        :class:`protocol.ProtocolError` for bytes that are not a mono Ogg Opus stream."""
+        first = self._pages.count == 0
+        pages = self._pages.feed(data)
+        if first and pages:
+            inputs.check_opus_head(pages[0])
+        for page in pages:
+            declared = self._counter.page(page) * protocol.SAMPLE_RATE // oggopus.RATE
+            self._waiting.append((DATA, declared, page))
+        self._waiting.append((_SETTLE, 0, b""))
+
+    def echo(self, kind: int, payload: bytes) -> None:
+        self._waiting.append((kind, 0, payload))
+
+    def pump(self, slot: int) -> bytes:
+        """Decode what the credit allows, in order; the records that answer it (a
+        failure last, after the audio decoded before it)."""
+        out = []
         try:
-            pcm = self._decode(slot, generation, payload)
+            while self._waiting:
+                kind, declared, payload = self._waiting[0]
+                if kind == DATA and self.credit.left <= 0:
+                    break  # held, still encoded, until the pod reports room
+                self._waiting.popleft()
+                if kind == DATA:
+                    self._decode(payload, declared)
+                elif kind == _SETTLE:
+                    self._settled += 1
+                else:
+                    out += [self._flush(slot), record(kind, slot, self.generation, payload)]
+        except protocol.ProtocolError as exc:
+            self.failed = True
+            return b"".join([*out, self._flush(slot), self.failure(slot, str(exc))])
+        return b"".join([*out, self._flush(slot)])
+
+    def failure(self, slot: int, reason: str) -> bytes:
+        self.failed = True
+        return record(FAILED, slot, self.generation, reason.encode())
+
+    def _decode(self, page: bytes, declared: int) -> None:
+        if self._reader is None:
+            import sphn
+
+            self._reader = sphn.OpusStreamReader(protocol.SAMPLE_RATE)
+        try:  # one page at a time: sphn's reader fails on many pages in one call
+            pcm = np.asarray(self._reader.append_bytes(page), dtype=np.float32).reshape(-1)
         except ValueError as exc:  # sphn reports what it cannot decode as ValueError
-            self._failed.add((slot, generation))
-            return record(FAILED, slot, generation,
-                          f"undecodable Ogg Opus data: {exc}".encode())
+            raise inputs.bad_audio(f"undecodable Ogg Opus data: {exc}") from exc
         problem = protocol.sample_problem(pcm)
         if problem is not None:
-            self._failed.add((slot, generation))
-            return record(FAILED, slot, generation,
-                          f"decoded Ogg Opus audio {problem}".encode())
-        return record(PCM, slot, generation, pcm.tobytes())
+            raise inputs.bad_audio(f"decoded Ogg Opus audio {problem}")
+        self.credit.spend(declared, len(pcm))
+        self._pcm.append(pcm)
 
-    def _decode(self, slot: int, generation: int, page: bytes) -> NDArray[np.float32]:
-        import sphn
+    def _flush(self, slot: int) -> bytes:
+        if not self._pcm and not self._settled:
+            return b""
+        pcm = self._pcm[0] if len(self._pcm) == 1 else np.concatenate(self._pcm or [_NONE])
+        answer = record(PCM, slot, self.generation, SETTLED.pack(self._settled) + pcm.tobytes())
+        self._pcm, self._settled = [], 0
+        return answer
 
-        current = self._readers.get(slot)
-        if current is None or current[0] != generation:
+
+class Streams:
+    """The stream of every slot this child serves, for its current generation."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Stream] = {}
+        self._failed: set[tuple[int, int]] = set()
+
+    def answer(self, records: list[tuple[int, int, int, bytes]]) -> bytes:
+        """Every record of one read, then what they let decode."""
+        out: list[bytes] = []
+        due: dict[int, Stream] = {}
+        for kind, slot, generation, payload in records:
+            stream = self._stream(slot, generation)
+            if stream is None:
+                continue
+            try:
+                self._take(stream, kind, payload)
+            except protocol.ProtocolError as exc:  # the stream's bytes are not Ogg Opus
+                out.append(stream.failure(slot, str(exc)))
+                self._end(slot, stream)
+                due.pop(slot, None)
+                continue
+            due[slot] = stream
+        for slot, stream in due.items():
+            out.append(stream.pump(slot))
+            if stream.failed:
+                self._end(slot, stream)
+        return b"".join(out)
+
+    def _stream(self, slot: int, generation: int) -> Stream | None:
+        """The slot's stream of ``generation`` (a new one replaces the slot's last);
+        None once that stream has failed."""
+        if (slot, generation) in self._failed:
+            return None
+        stream = self._streams.get(slot)
+        if stream is None or stream.generation != generation:
             self._failed = {key for key in self._failed if key[0] != slot}
-            current = (generation, sphn.OpusStreamReader(protocol.SAMPLE_RATE))
-            self._readers[slot] = current
-        pcm = current[1].append_bytes(page)
-        return np.ascontiguousarray(np.asarray(pcm, dtype=np.float32).reshape(-1))
+            stream = self._streams[slot] = Stream(generation)
+        return stream
+
+    @staticmethod
+    def _take(stream: Stream, kind: int, payload: bytes) -> None:
+        if kind == DATA:
+            stream.credit.update(payload)
+            stream.take(payload[ROOM_FIELDS.size:])
+        elif kind == ROOM:
+            stream.credit.update(payload)
+        else:
+            stream.echo(kind, payload)
+
+    def _end(self, slot: int, stream: Stream) -> None:
+        self._failed.add((slot, stream.generation))
+        del self._streams[slot]
+
+
+def records(data: bytes | bytearray, at: int = 0) -> tuple[list[tuple[int, int, int, bytes]], int]:
+    """The whole records in ``data`` from ``at``; and where the first partial one starts."""
+    found = []
+    size = HEADER.size
+    while len(data) - at >= size:
+        kind, slot, generation, length = HEADER.unpack_from(data, at)
+        if len(data) - at - size < length:
+            break
+        start = at + size
+        found.append((kind, slot, generation, bytes(data[start:start + length])))
+        at = start + length
+    return found, at
 
 
 def serve(read_fd: int, write_fd: int) -> None:
-    decoders = Decoders()
+    streams = Streams()
     pending = b""
     while chunk := os.read(read_fd, _READ):
-        pending += chunk
-        out, at = [], 0
-        while len(pending) - at >= HEADER.size:
-            kind, slot, generation, length = HEADER.unpack_from(pending, at)
-            if len(pending) - at - HEADER.size < length:
-                break
-            start = at + HEADER.size
-            out.append(decoders.answer(kind, slot, generation, pending[start:start + length]))
-            at = start + length
-        pending = pending[at:]
-        _write_all(write_fd, b"".join(out))
+        found, at = records(pending + chunk)
+        pending = (pending + chunk)[at:]
+        _write_all(write_fd, streams.answer(found))
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -94,8 +94,9 @@ class Pod:
             self._on_failure, self.settings.warmup_steps)
         self._engine.start()
         if self.settings.opus_workers:
-            self.lanes = opuslanes.OpusLanes(self.settings.opus_workers, self.buffers, loop,
-                                             self._opus_failed)
+            self.lanes = opuslanes.OpusLanes(
+                self.settings.opus_workers, self.buffers, self.settings.max_buffer_samples,
+                loop, self._opus_failed, self._opus_settled)
         if self.deps.redis is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
 
@@ -243,6 +244,8 @@ class Pod:
 
     def _on_output(self, output: engine_loop.StepOutput) -> None:
         self.sessions.deliver(output)
+        if self.lanes is not None:
+            self.lanes.after_step()
         m = self.metrics
         if output.duration:
             m.model_step_duration.observe(output.duration)
@@ -262,6 +265,12 @@ class Pod:
             stream.end_connection(failed)
         else:
             self.sessions.close(stream)
+
+    def _opus_settled(self, slot: int, generation: int) -> None:
+        """An Opus lane decoded messages a stream's connection waits on: it looks again."""
+        stream = self.sessions.in_slot(slot, generation)
+        if stream is not None:
+            stream.room.set()
 
     def _slots_changed(self) -> None:
         self.metrics.slots_free.set(self.sessions.total - self.sessions.used)

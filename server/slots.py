@@ -38,7 +38,10 @@ class _SlotInput:
         default_factory=collections.deque)
     offset: int = 0  # samples of chunks[0] already taken
     samples: int = 0  # buffered samples, not yet handed to the engine
-    promised: int = 0  # samples being decoded elsewhere (Opus lanes), at most this many
+    handed_off: collections.deque[int] = dataclasses.field(
+        default_factory=collections.deque)  # sizes of messages being decoded elsewhere
+    bytes_handed_off: int = 0
+    watched: bool = False  # the event loop waits to hear of hand-offs settled
     received: int = 0  # samples received since the stream (generation) began
     frames_taken: int = 0  # frames handed to the engine since the stream began
     markers: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (id, frame no.)
@@ -49,7 +52,10 @@ class _SlotInput:
     def clear(self) -> None:
         self.generation += 1
         self.chunks.clear()
-        self.offset = self.samples = self.promised = self.received = self.frames_taken = 0
+        self.offset = self.samples = self.received = self.frames_taken = 0
+        self.handed_off.clear()
+        self.bytes_handed_off = 0
+        self.watched = False
         self.markers.clear()
         self.inits.clear()
         self.arrivals.clear()
@@ -92,6 +98,9 @@ class _SlotInput:
         client that connects and leaves) costs the engine nothing."""
         init_due = bool(self.inits) and self.inits[0] <= self.frames_taken
         return self.active and (bool(self.markers) or init_due or self.samples >= FRAME_SIZE)
+
+
+Decoded = tuple[int, int, NDArray[np.float32], int]  # slot, generation, audio, hand-offs settled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,38 +160,87 @@ class SlotBuffers:
         state = self._slots[slot]
         return state if generation is None or state.generation == generation else None
 
-    def promise(self, slot: int, generation: int, samples: int) -> None:
-        """Up to ``samples`` of the stream's audio are being decoded elsewhere: they count
-        as buffered (backpressure, the results of received audio) until they come."""
-        with self._cond:
-            state = self._stream_of(slot, generation)
-            if state is not None:
-                state.promised += samples
-
-    def unpromise(self, slot: int, generation: int) -> None:
-        """What was promised will not come (its decoder failed)."""
-        with self._cond:
-            state = self._stream_of(slot, generation)
-            if state is not None:
-                state.promised = 0
-
-    def push_audio(self, slot: int, pcm: NDArray[np.float32], generation: int | None = None,
-                   promised: int = 0) -> None:
-        """Audio for the slot's stream: of ``generation`` only, if given (a decoder's late
-        answer never reaches the slot's next stream), in place of ``promised`` samples."""
+    def hand_off(self, slot: int, generation: int, size: int) -> tuple[int, int] | None:
+        """A message of ``size`` bytes of the stream is being decoded elsewhere (an Opus
+        lane): the stream's received audio is not all in until the message is settled
+        (:meth:`push_audio`). The slot's buffered and received samples now (None: the
+        slot holds another stream)."""
         with self._cond:
             state = self._stream_of(slot, generation)
             if state is None:
-                return
-            state.promised = max(state.promised - promised, 0)
-            if not len(pcm):
-                return
-            state.chunks.append(pcm)
-            state.samples += len(pcm)
-            state.received += len(pcm)
-            state.arrivals.append((state.received, time.monotonic()))
-            if state.samples >= FRAME_SIZE:
-                self._cond.notify()
+                return None
+            state.handed_off.append(size)
+            state.bytes_handed_off += size
+            return state.samples, state.received
+
+    def drop_hand_offs(self, slot: int, generation: int) -> None:
+        """What was handed off will not come (its decoder failed)."""
+        with self._cond:
+            state = self._stream_of(slot, generation)
+            if state is not None:
+                state.handed_off.clear()
+                state.bytes_handed_off = 0
+
+    def watch(self, slot: int, generation: int) -> None:
+        """:meth:`push_audio` says when it next settles one of the stream's hand-offs."""
+        with self._cond:
+            state = self._stream_of(slot, generation)
+            if state is not None and state.handed_off:
+                state.watched = True
+
+    def bytes_handed_off(self, slot: int, generation: int) -> int:
+        with self._cond:
+            state = self._stream_of(slot, generation)
+            return 0 if state is None else state.bytes_handed_off
+
+    def unsettled(self) -> list[tuple[int, int]]:
+        """(slot, generation) of every stream with a hand-off not settled."""
+        with self._cond:
+            return [(slot, state.generation) for slot, state in enumerate(self._slots)
+                    if state.handed_off]
+
+    def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
+        """Audio for the slot's stream."""
+        with self._cond:
+            state = self._slots[slot]
+            if len(pcm):
+                self._append(state, pcm, time.monotonic())
+                if state.samples >= FRAME_SIZE:
+                    self._cond.notify()
+
+    def push_decoded(self, decoded: list[Decoded]) -> list[tuple[int, int]]:
+        """Audio decoded elsewhere for streams, in one go (an Opus lane's answers), each
+        with how many of its stream's hand-offs it settles; a decoder's late answer never
+        reaches the slot's next stream. The streams whose event loop waits to hear of
+        their hand-offs settled."""
+        woken = []
+        now = time.monotonic()
+        with self._cond:
+            for slot, generation, pcm, settled in decoded:
+                state = self._stream_of(slot, generation)
+                if state is None:
+                    continue
+                if settled and self._settle(state, settled):
+                    woken.append((slot, generation))
+                if len(pcm):
+                    self._append(state, pcm, now)
+            self._cond.notify()
+        return woken
+
+    @staticmethod
+    def _append(state: _SlotInput, pcm: NDArray[np.float32], now: float) -> None:
+        state.chunks.append(pcm)
+        state.samples += len(pcm)
+        state.received += len(pcm)
+        state.arrivals.append((state.received, now))
+
+    @staticmethod
+    def _settle(state: _SlotInput, settled: int) -> bool:
+        """``settled`` hand-offs are in; whether the event loop waited for that."""
+        for _ in range(min(settled, len(state.handed_off))):
+            state.bytes_handed_off -= state.handed_off.popleft()
+        watched, state.watched = state.watched, False
+        return watched
 
     def push_marker(self, slot: int, marker_id: int, generation: int | None = None) -> None:
         """Due after every full frame buffered now (the frame number, counted per stream)."""
@@ -194,10 +252,20 @@ class SlotBuffers:
             self._cond.notify()
 
     def buffered(self, slot: int) -> int:
-        """Samples received and not yet taken by the engine, those promised included."""
+        """Samples received and not yet taken by the engine."""
+        with self._cond:
+            return self._slots[slot].samples
+
+    def buffered_and_received(self, slot: int) -> tuple[int, int]:
+        """:meth:`buffered` and :meth:`received` at one instant."""
         with self._cond:
             state = self._slots[slot]
-            return state.samples + state.promised
+            return state.samples, state.received
+
+    def decoding(self, slot: int) -> int:
+        """Messages of the slot's stream handed off and not wholly in yet."""
+        with self._cond:
+            return len(self._slots[slot].handed_off)
 
     def generation(self, slot: int) -> int:
         with self._cond:
@@ -213,9 +281,9 @@ class SlotBuffers:
             return self._slots[slot].received
 
     def being_decoded(self) -> int:
-        """Samples promised to every slot and not come yet (Opus lanes)."""
+        """Messages handed off in every slot and not wholly in yet (Opus lanes)."""
         with self._cond:
-            return sum(state.promised for state in self._slots)
+            return sum(len(state.handed_off) for state in self._slots)
 
     def buffered_total(self) -> int:
         with self._cond:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from asrpool.bench import capacity
+from asrpool.bench import capacity, intake
 
 
 def _fake_trial(limit: int, oom_from: int | None = None) -> Any:
@@ -129,7 +129,7 @@ def test_a_noisy_trial_runs_again_and_a_slow_one_does_not(
     assert not slow["passed"] and slow["runs"] == 1
 
 
-@pytest.mark.parametrize("kind", ["pcm-80ms", "pcm-1s", "opus", "opus-lanes"])
+@pytest.mark.parametrize("kind", intake.KINDS)
 def test_every_input_kind_keeps_every_stream_fed(kind: str) -> None:
     """Each kind goes through the server's intake and no stream runs dry: every step
     runs a frame of every stream, and every stream gets its results."""

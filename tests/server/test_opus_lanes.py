@@ -19,18 +19,20 @@ import pytest
 from asrpool.bench import oggfiles
 from asrpool.common import processes as asrpool_processes
 from asrpool.common import protocol
-from asrpool.server import opusworker, slots
+from asrpool.server import inputs, opusworker, slots
 from tests.compat import clients
 from tests.server import reference
 from tests.support import kyutai_client, servers, streams
 
 BATCH = 2
+CAP_SECONDS = 2
 
 
 @pytest.fixture(scope="module")
 def lanes_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
     with servers.ServerProcess(tmp_path_factory.mktemp("lanes"), batch_size=BATCH, args=[
-            "--opus-workers", "2", "--resume-grace-seconds", "0"]) as pod:
+            "--opus-workers", "2", "--resume-grace-seconds", "0",
+            "--max-buffer-seconds", str(CAP_SECONDS)]) as pod:
         pod.wait_ready()
         yield pod
 
@@ -143,6 +145,22 @@ def test_a_dead_decoding_child_ends_its_streams_and_is_started_again(
     assert len(again) == 2 and not set(again) & set(children)
 
 
+def test_a_message_declaring_minutes_is_decoded_no_faster_than_the_slot_takes_it(
+        lanes_pod: servers.ServerProcess) -> None:
+    """One 14 KB message of empty packets declaring 60 s: the slot never holds more than
+    its cap and a page (Step's buffered_pcm), all 60 s are stepped, then the marker
+    (behind 3.6 s more, which flush the model's delay)."""
+    stream = oggfiles.opus_file([oggfiles.EMPTY_120_MS] * 530, 6 * oggfiles.FRAME_20_MS,
+                                per_page=1)
+    pages = inputs.OggPages().feed(stream)
+    got = _opus_session(lanes_pod, [[b"".join(pages[:502])], pages[502:]], [])
+    buffered = [m["buffered_pcm"] for m in got if m["type"] == "Step"]
+    assert got[-1]["type"] == "Marker"
+    assert len(buffered) >= 60 * 1000 // 80 - 1
+    assert max(buffered) <= CAP_SECONDS * clients.SECOND + 6 * oggfiles.FRAME_20_MS // 2
+    lanes_pod.wait_idle()
+
+
 def _decoding_children(pod: servers.ServerProcess) -> list[int]:
     found = []
     for pid in asrpool_processes.descendants(pod.pid):
@@ -155,29 +173,88 @@ def _decoding_children(pod: servers.ServerProcess) -> list[int]:
 # The parts, without a pod
 
 
+def _data(slot: int, generation: int, data: bytes, room: int = 10 * clients.SECOND,
+          applied: int = 0) -> tuple[int, int, int, bytes]:
+    return (opusworker.DATA, slot, generation, opusworker.ROOM_FIELDS.pack(room, applied) + data)
+
+
+def _audio_of(records: list[tuple[int, int, int, bytes]]) -> tuple[np.ndarray, int]:
+    """The samples of the PCM records, and the messages they settle."""
+    pcm = [np.frombuffer(p[opusworker.SETTLED.size:], np.float32) for k, _, _, p in records
+           if k == opusworker.PCM]
+    settled = sum(opusworker.SETTLED.unpack_from(p)[0] for k, _, _, p in records
+                  if k == opusworker.PCM)
+    return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), settled
+
+
 def test_the_child_decodes_as_the_pod_did_and_echoes_markers_in_place() -> None:
+    """Messages cut anywhere in the Ogg stream: the child frames them, decodes what the
+    pod would have, settles each message once, and echoes a marker after the audio of
+    the messages sent before it."""
     pages = clients.opus_pages(streams.random_speechlike(1.0, seed=1))
-    decoders = opusworker.Decoders()
-    out = b"".join(decoders.answer(opusworker.PAGE, 1, 7, page) for page in pages[:5])
-    out += decoders.answer(opusworker.MARKER, 1, 7, b"\x05" + bytes(7))
+    pieces = clients.split(b"".join(pages[:5]), 37)
+    child = opusworker.Streams()
+    out = child.answer([_data(1, 7, piece) for piece in pieces]
+                       + [(opusworker.MARKER, 1, 7, b"\x05" + bytes(7))])
     records = list(_records(out))
-    assert [kind for kind, *_ in records] == [opusworker.PCM] * 5 + [opusworker.MARKER]
-    pcm = np.concatenate([np.frombuffer(p, np.float32) for k, _, _, p in records
-                          if k == opusworker.PCM])
+    assert [kind for kind, *_ in records] == [opusworker.PCM, opusworker.MARKER]
+    pcm, settled = _audio_of(records)
+    assert settled == len(pieces)
     np.testing.assert_array_equal(pcm, np.concatenate(clients.decoded(pages[:5])))
+
+
+def test_the_child_decodes_no_further_than_the_room_and_the_rest_waits_encoded() -> None:
+    """One message declaring 12 s (100 packets of 120 ms, a page each) with room for
+    one second: the child decodes pages until the room is spent (one page past it at
+    most) and settles nothing; each ROOM lets it go on, counting what the pod has not
+    applied yet; the message settles once its last page is decoded."""
+    packet = oggfiles.empty_packet(6)
+    bomb = oggfiles.opus_file([packet] * 100, 6 * oggfiles.FRAME_20_MS, per_page=1)
+    page_samples = 6 * oggfiles.FRAME_20_MS // 2  # 120 ms at 24 kHz
+    child = opusworker.Streams()
+    pcm, settled = _audio_of(list(_records(child.answer([_data(0, 1, bomb, room=clients.SECOND)]))))
+    assert clients.SECOND <= len(pcm) <= clients.SECOND + page_samples and settled == 0
+    decoded = len(pcm)
+    # The pod has applied none of it yet: a full room again lets nothing more through.
+    room = (opusworker.ROOM, 0, 1, opusworker.ROOM_FIELDS.pack(clients.SECOND, 0))
+    assert _audio_of(list(_records(child.answer([room]))))[0].size == 0
+    while settled == 0:  # the pod applied everything and the engine took it all
+        room = (opusworker.ROOM, 0, 1, opusworker.ROOM_FIELDS.pack(clients.SECOND, decoded))
+        pcm, settled = _audio_of(list(_records(child.answer([room]))))
+        assert 0 < len(pcm) <= clients.SECOND + page_samples
+        decoded += len(pcm)
+    assert settled == 1 and decoded == 100 * page_samples  # each empty packet: 120 ms
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"RIFF" + bytes(60), "is not an Ogg page"),
+    (oggfiles.page([b"OpusHead" + bytes([1, 2]) + bytes(9)], 0, 0, flags=2), "2 channels"),
+    (oggfiles.page([b"vorbis" + bytes(20)], 0, 0, flags=2), "does not start with an OpusHead"),
+])
+def test_the_child_refuses_bytes_that_are_not_mono_ogg_opus_naming_the_fault(
+        data: bytes, reason: str) -> None:
+    child = opusworker.Streams()
+    records = list(_records(child.answer([_data(3, 2, data), _data(4, 1, b"".join(
+        clients.opus_pages(streams.random_speechlike(0.5, seed=4))))])))
+    failed = [(slot, payload.decode()) for kind, slot, _, payload in records
+              if kind == opusworker.FAILED]
+    assert len(failed) == 1 and failed[0][0] == 3 and reason in failed[0][1], failed
+    assert _audio_of([r for r in records if r[1] == 4])[0].size  # the other stream goes on
+    assert child.answer([_data(3, 2, data)]) == b""  # that stream's later bytes: dropped
 
 
 def test_a_late_answer_never_reaches_the_slots_next_stream() -> None:
     buffers = slots.SlotBuffers(1)
     old = buffers.start(0)
-    buffers.promise(0, old, 1920)
-    assert buffers.buffered(0) == 1920
+    assert buffers.hand_off(0, old, 100) == (0, 0)
+    assert buffers.decoding(0) == 1 and buffers.bytes_handed_off(0, old) == 100
     new = buffers.start(0)
-    buffers.push_audio(0, np.ones(1920, np.float32), old, promised=1920)
-    assert buffers.buffered(0) == 0 and buffers.received(0) == 0
-    buffers.promise(0, new, 3840)
-    buffers.push_audio(0, np.ones(1920, np.float32), new, promised=3840)
-    assert buffers.buffered(0) == 1920
+    buffers.push_decoded([(0, old, np.ones(1920, np.float32), 1)])
+    assert buffers.buffered(0) == 0 and buffers.received(0) == 0 and not buffers.decoding(0)
+    buffers.hand_off(0, new, 50)
+    buffers.watch(0, new)
+    assert buffers.push_decoded([(0, new, np.ones(1920, np.float32), 1)]) == [(0, new)]
+    assert buffers.buffered(0) == 1920 and not buffers.decoding(0)
 
 
 def _records(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
