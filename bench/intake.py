@@ -168,8 +168,8 @@ def _packets(page: bytes) -> list[bytes]:
 
 class LanedOpusIntake(OpusIntake):
     """:class:`OpusIntake`'s messages handed to Opus lanes, as a pod with
-    ``--opus-workers`` does; a step's feed returns once every message's audio is in its
-    slot's buffer."""
+    ``--opus-workers`` does; a step's feed returns once every stream has a frame
+    buffered."""
 
     def __init__(self, batch: int, steps: int, one_packet_pages: bool = False) -> None:
         super().__init__(batch, steps, one_packet_pages)
@@ -193,8 +193,18 @@ class LanedOpusIntake(OpusIntake):
                 assert message["type"] == "OggOpus"
                 stream.claim("OggOpus")
                 self._lanes.lane(slot).send_data(slot, self._generations[slot], message["data"])
-        while buffers.being_decoded():
-            time.sleep(0.001)
+        self._wait_for_frames(buffers, self._lanes)
+
+    def _wait_for_frames(self, buffers: slots.SlotBuffers, lanes: opuslanes.OpusLanes) -> None:
+        """Until every stream has a frame buffered. A child sends a stream's audio once
+        it makes a frame: the first pages, short of one, are asked for after a while."""
+        asked = time.monotonic() + 0.05
+        while any(buffers.buffered(slot) < protocol.FRAME_SIZE for slot in range(self.batch)):
+            if time.monotonic() > asked:
+                for slot, generation in buffers.unsettled():
+                    lanes.lane(slot).send_room(slot, generation)
+                asked = float("inf")
+            time.sleep(0.002)
 
     @staticmethod
     def _failed(slot: int, generation: int, reason: str) -> None:

@@ -162,7 +162,10 @@ class Handle:
         to settle messages."""
         stream = self._stream
         stream.room.clear()  # set with every step's results, and by the lane
-        self._buffers.watch(stream.slot, stream.generation)  # an Opus lane's hand-offs
+        lane = self._lane_of_opus()
+        if lane is not None and self._buffers.decoding(stream.slot):
+            self._buffers.watch(stream.slot, stream.generation)
+            lane.send_room(stream.slot, stream.generation)  # it answers with all it has
         if waiting():
             await stream.room.wait()
 

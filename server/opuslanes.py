@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
 import struct
 import subprocess
@@ -44,7 +43,6 @@ Wake = Callable[[int, int], None]  # slot, generation: its messages settled
 MAX_BYTES_IN_FLIGHT = 1 << 20  # a stream's bytes in its child before it is read no more
 _MARKER_ID = struct.Struct("<q")
 _BATCH = 4096  # records in one write at most
-_READ = 1 << 20
 
 
 class Lane:
@@ -84,9 +82,13 @@ class Lane:
                                                 fields.size + len(data))
                          + fields.pack(max(self._cap - buffered, 0), received) + data)
 
-    def send_room(self, slot: int, generation: int, room: int, applied: int) -> None:
+    def send_room(self, slot: int, generation: int) -> None:
+        """The slot's room now: its child decodes what that allows and answers with all
+        it has decoded (a stream's audio short of a frame waits there otherwise)."""
+        buffered, received = self._buffers.buffered_and_received(slot)
         self._outbox.put(opusworker.record(opusworker.ROOM, slot, generation,
-                                           opusworker.ROOM_FIELDS.pack(room, applied)))
+                                           opusworker.ROOM_FIELDS.pack(
+                                               max(self._cap - buffered, 0), received)))
 
     def send_marker(self, slot: int, generation: int, marker_id: int) -> None:
         self._outbox.put(opusworker.record(opusworker.MARKER, slot, generation,
@@ -131,14 +133,12 @@ class Lane:
     def _read(self) -> None:
         stdout = self._child.stdout
         assert stdout is not None
-        pending = b""
-        while chunk := os.read(stdout.fileno(), _READ):
-            found, at = opusworker.records(pending + chunk)
-            pending = (pending + chunk)[at:]
+        reader = opusworker.RecordReader(stdout.fileno())
+        while (found := reader.read()) is not None:
             self._apply(found)
         self._lost()
 
-    def _apply(self, records: list[tuple[int, int, int, bytes]]) -> None:
+    def _apply(self, records: list[opusworker.Record]) -> None:
         """One read's answers, in order: audio in one go until a marker, an Init or a
         failure, which land after it."""
         decoded: list[slots.Decoded] = []
@@ -198,11 +198,10 @@ class OpusLanes:
         return Lane(index, self._buffers, self._cap, self._report, self._lost, self._settled)
 
     def after_step(self) -> None:
-        """The engine took audio: every stream with a message not wholly decoded hears
-        its room (its child may be holding pages for it)."""
-        for slot, generation in self._buffers.unsettled():
-            buffered, received = self._buffers.buffered_and_received(slot)
-            self.lane(slot).send_room(slot, generation, max(self._cap - buffered, 0), received)
+        """The engine took audio: every stream whose child may hold pages for want of
+        room (a message not wholly in, half its buffer full or more) hears its room."""
+        for slot, generation in self._buffers.unsettled(self._cap // 2):
+            self.lane(slot).send_room(slot, generation)
 
     def lane(self, slot: int) -> Lane:
         lane = self._lanes[slot % len(self._lanes)]

@@ -10,9 +10,13 @@ ways are :data:`HEADER` (kind, slot, generation, length) then ``length`` bytes:
 
 - ``DATA`` in: :data:`ROOM_FIELDS` (the slot's room and the samples the pod has
   applied of this stream), then the message's bytes (any piece of the Ogg stream);
-- ``ROOM`` in: :data:`ROOM_FIELDS` alone, the pod's word that the engine took audio;
+- ``ROOM`` in: :data:`ROOM_FIELDS` alone, the pod's word that the engine took audio or
+  that it waits on the stream: the child answers with all it has decoded;
 - ``PCM`` out: :data:`SETTLED` (how many ``DATA`` messages are now wholly decoded)
-  then float32 samples (native order);
+  then float32 samples (native order). A stream's audio is sent once it makes a whole
+  frame (the engine steps nothing less), or sooner when a marker, an ``Init``, a
+  failure or a ``ROOM`` needs it: so a stream sending 20 ms pages costs the pod one
+  answer per frame, not four;
 - ``FAILED`` out: the reason (UTF-8), after which that stream's further records are
   dropped unanswered (the pod ends it);
 - ``MARKER`` (8 bytes: the id) and ``INIT`` in: echoed out in their place among the
@@ -89,7 +93,8 @@ class Stream:
         self._counter = oggopus.Counter()
         self._reader: Any = None
         self._waiting: collections.deque[tuple[int, int, bytes]] = collections.deque()
-        self._pcm: list[NDArray[np.float32]] = []
+        self._pcm: list[NDArray[np.float32]] = []  # decoded, not yet sent
+        self._samples = 0  # in _pcm
         self._settled = 0
 
     def take(self, data: bytes) -> None:
@@ -107,9 +112,10 @@ class Stream:
     def echo(self, kind: int, payload: bytes) -> None:
         self._waiting.append((kind, 0, payload))
 
-    def pump(self, slot: int) -> bytes:
+    def pump(self, slot: int, everything: bool = False) -> bytes:
         """Decode what the credit allows, in order; the records that answer it (a
-        failure last, after the audio decoded before it)."""
+        failure last, after the audio decoded before it). Audio short of a frame waits
+        for more, unless ``everything``."""
         out = []
         try:
             while self._waiting:
@@ -122,11 +128,12 @@ class Stream:
                 elif kind == _SETTLE:
                     self._settled += 1
                 else:
-                    out += [self._flush(slot), record(kind, slot, self.generation, payload)]
+                    out += [self._flush(slot, True),
+                            record(kind, slot, self.generation, payload)]
         except protocol.ProtocolError as exc:
             self.failed = True
-            return b"".join([*out, self._flush(slot), self.failure(slot, str(exc))])
-        return b"".join([*out, self._flush(slot)])
+            return b"".join([*out, self._flush(slot, True), self.failure(slot, str(exc))])
+        return b"".join([*out, self._flush(slot, everything)])
 
     def failure(self, slot: int, reason: str) -> bytes:
         self.failed = True
@@ -146,13 +153,18 @@ class Stream:
             raise inputs.bad_audio(f"decoded Ogg Opus audio {problem}")
         self.credit.spend(declared, len(pcm))
         self._pcm.append(pcm)
+        self._samples += len(pcm)
 
-    def _flush(self, slot: int) -> bytes:
+    def _flush(self, slot: int, everything: bool) -> bytes:
+        """The audio decoded and the messages settled since the last answer, if they make
+        a frame or ``everything`` is due."""
+        if not (everything or self._samples >= protocol.FRAME_SIZE):
+            return b""
         if not self._pcm and not self._settled:
             return b""
         pcm = self._pcm[0] if len(self._pcm) == 1 else np.concatenate(self._pcm or [_NONE])
         answer = record(PCM, slot, self.generation, SETTLED.pack(self._settled) + pcm.tobytes())
-        self._pcm, self._settled = [], 0
+        self._pcm, self._settled, self._samples = [], 0, 0
         return answer
 
 
@@ -163,10 +175,10 @@ class Streams:
         self._streams: dict[int, Stream] = {}
         self._failed: set[tuple[int, int]] = set()
 
-    def answer(self, records: list[tuple[int, int, int, bytes]]) -> bytes:
+    def answer(self, records: list[Record]) -> bytes:
         """Every record of one read, then what they let decode."""
         out: list[bytes] = []
-        due: dict[int, Stream] = {}
+        due: dict[int, tuple[Stream, bool]] = {}  # slot -> its stream, all it has due
         for kind, slot, generation, payload in records:
             stream = self._stream(slot, generation)
             if stream is None:
@@ -178,9 +190,9 @@ class Streams:
                 self._end(slot, stream)
                 due.pop(slot, None)
                 continue
-            due[slot] = stream
-        for slot, stream in due.items():
-            out.append(stream.pump(slot))
+            due[slot] = stream, kind == ROOM or due.get(slot, (stream, False))[1]
+        for slot, (stream, everything) in due.items():
+            out.append(stream.pump(slot, everything))
             if stream.failed:
                 self._end(slot, stream)
         return b"".join(out)
@@ -211,13 +223,18 @@ class Streams:
         del self._streams[slot]
 
 
-def records(data: bytes | bytearray, at: int = 0) -> tuple[list[tuple[int, int, int, bytes]], int]:
-    """The whole records in ``data`` from ``at``; and where the first partial one starts."""
+Record = tuple[int, int, int, bytes]  # kind, slot, generation, payload
+
+
+def records(data: bytes | bytearray, at: int = 0,
+            end: int | None = None) -> tuple[list[Record], int]:
+    """The whole records in ``data[at:end]``; and where the first partial one starts."""
     found = []
     size = HEADER.size
-    while len(data) - at >= size:
+    end = len(data) if end is None else end
+    while end - at >= size:
         kind, slot, generation, length = HEADER.unpack_from(data, at)
-        if len(data) - at - size < length:
+        if end - at - size < length:
             break
         start = at + size
         found.append((kind, slot, generation, bytes(data[start:start + length])))
@@ -225,12 +242,45 @@ def records(data: bytes | bytearray, at: int = 0) -> tuple[list[tuple[int, int, 
     return found, at
 
 
+class RecordReader:
+    """Records from a pipe, read into one buffer that is kept (a fresh megabyte for each
+    read would cost more than the records in it)."""
+
+    def __init__(self, fd: int, size: int = _READ) -> None:
+        self._fd = fd
+        self._buffer = bytearray(size)
+        self._start = self._end = 0  # the unread bytes
+
+    def read(self) -> list[Record] | None:
+        """The records that one read completes (maybe none); None at the end of input."""
+        self._make_room()
+        with memoryview(self._buffer) as view:
+            count = os.readv(self._fd, [view[self._end:]])
+        if not count:
+            return None
+        self._end += count
+        found, self._start = records(self._buffer, self._start, self._end)
+        if self._start == self._end:
+            self._start = self._end = 0
+        return found
+
+    def _make_room(self) -> None:
+        """Unread bytes to the front; a buffer that one record overfills grows to hold it."""
+        if self._end < len(self._buffer):
+            return
+        unread = self._end - self._start
+        needed = len(self._buffer)
+        if self._start == 0 and unread >= HEADER.size:
+            needed = max(needed * 2, HEADER.size + HEADER.unpack_from(self._buffer)[3])
+        buffer = bytearray(needed) if needed > len(self._buffer) else self._buffer
+        buffer[:unread] = self._buffer[self._start:self._end]
+        self._buffer, self._start, self._end = buffer, 0, unread
+
+
 def serve(read_fd: int, write_fd: int) -> None:
     streams = Streams()
-    pending = b""
-    while chunk := os.read(read_fd, _READ):
-        found, at = records(pending + chunk)
-        pending = (pending + chunk)[at:]
+    reader = RecordReader(read_fd)
+    while (found := reader.read()) is not None:
         _write_all(write_fd, streams.answer(found))
 
 

@@ -193,11 +193,12 @@ class SlotBuffers:
             state = self._stream_of(slot, generation)
             return 0 if state is None else state.bytes_handed_off
 
-    def unsettled(self) -> list[tuple[int, int]]:
-        """(slot, generation) of every stream with a hand-off not settled."""
+    def unsettled(self, buffered: int = 0) -> list[tuple[int, int]]:
+        """(slot, generation) of every stream with a hand-off not settled and at least
+        ``buffered`` samples buffered."""
         with self._cond:
             return [(slot, state.generation) for slot, state in enumerate(self._slots)
-                    if state.handed_off]
+                    if state.handed_off and state.samples >= buffered]
 
     def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
         """Audio for the slot's stream."""

@@ -226,6 +226,28 @@ def test_the_child_decodes_no_further_than_the_room_and_the_rest_waits_encoded()
     assert settled == 1 and decoded == 100 * page_samples  # each empty packet: 120 ms
 
 
+def test_the_child_answers_a_frame_at_a_time_and_everything_when_asked() -> None:
+    """40 ms pages one message each: no answer until they make a frame (the engine steps
+    nothing less), then one answer with the audio and the messages it settles; a ROOM
+    asks for the rest, short of a frame."""
+    import sphn
+
+    writer = sphn.OpusStreamWriter(clients.SECOND)
+    audio = streams.random_speechlike(1.0, seed=6)
+    pages = [page for page in (bytes(writer.append_pcm(audio[i:i + 480]))
+                               for i in range(0, len(audio), 480)) if page]
+    child = opusworker.Streams()
+    answers = [_audio_of(list(_records(child.answer([_data(2, 5, page)])))) for page in pages]
+    sent = [(len(pcm), settled) for pcm, settled in answers if settled]
+    assert len(sent) <= len(pages) / 2 and all(n >= protocol.FRAME_SIZE for n, _ in sent)
+    rest = _audio_of(list(_records(child.answer([
+        (opusworker.ROOM, 2, 5, opusworker.ROOM_FIELDS.pack(clients.SECOND, 0))]))))
+    assert len(rest[0]) < protocol.FRAME_SIZE
+    assert sum(settled for _, settled in sent) + rest[1] == len(pages)
+    whole = np.concatenate([pcm for pcm, _ in answers] + [rest[0]])
+    np.testing.assert_array_equal(whole, np.concatenate(clients.decoded(pages)))
+
+
 @pytest.mark.parametrize(("data", "reason"), [
     (b"RIFF" + bytes(60), "is not an Ogg page"),
     (oggfiles.page([b"OpusHead" + bytes([1, 2]) + bytes(9)], 0, 0, flags=2), "2 channels"),
