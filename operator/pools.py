@@ -25,6 +25,7 @@ DEFAULT_CONTEXT = 375  # model steps of 80 ms: 30 s of rolling context
 DEFAULT_DRAIN_GRACE_SECONDS = 60
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_PULL_POLICY = "IfNotPresent"
+MAX_OPUS_WORKERS = 64  # as the server's --opus-workers
 DEFAULT_DTYPE = dtypes.AUTO  # the server's policy: bfloat16 on CUDA, float32 on the CPU
 
 
@@ -112,6 +113,7 @@ class Pool:
     memory: str = ""
     max_gpus: int | None = None
     drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_SECONDS
+    opus_workers: int = 0
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -166,6 +168,7 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         image_pull_policy=spec.text("imagePullPolicy") or DEFAULT_PULL_POLICY,
         max_gpus=spec.optional_integer("maxGPUs"),
         drain_grace_seconds=spec.integer("drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
+        opus_workers=_opus_workers(spec),
         node_selector=spec.mapping("nodeSelector"),
         tolerations=spec.objects("tolerations"),
         affinity=spec.mapping("affinity"),
@@ -186,6 +189,13 @@ def _model(spec: specs.Section) -> sources.ModelSource:
     if model is None:
         raise spec.error("model", "is required")
     return sources.read(model)
+
+
+def _opus_workers(spec: specs.Section) -> int:
+    workers = spec.integer("opusWorkers")
+    if workers > MAX_OPUS_WORKERS:
+        raise spec.error("opusWorkers", f"must be at most {MAX_OPUS_WORKERS}, got {workers}")
+    return workers
 
 
 def _dtype(spec: specs.Section) -> str:

@@ -77,10 +77,9 @@ class Lane:
             return
         buffered, received = now
         self._served[slot] = generation
-        fields = opusworker.ROOM_FIELDS
-        self._outbox.put(opusworker.HEADER.pack(opusworker.DATA, slot, generation,
-                                                fields.size + len(data))
-                         + fields.pack(max(self._cap - buffered, 0), received) + data)
+        self._outbox.put(opusworker.DATA_HEAD.pack(
+            opusworker.DATA, slot, generation, opusworker.ROOM_FIELDS.size + len(data),
+            max(self._cap - buffered, 0), received) + data)
 
     def send_room(self, slot: int, generation: int) -> None:
         """The slot's room now: its child decodes what that allows and answers with all

@@ -48,6 +48,7 @@ from asrpool.server import inputs
 
 HEADER = struct.Struct("<BIII")  # kind, slot, generation, payload length
 ROOM_FIELDS = struct.Struct("<qq")  # room in samples, samples applied by the pod
+DATA_HEAD = struct.Struct("<BIIIqq")  # HEADER then ROOM_FIELDS: a DATA record's start
 SETTLED = struct.Struct("<I")
 DATA, PCM, FAILED, MARKER, INIT, ROOM = range(6)
 _READ = 1 << 20
