@@ -106,6 +106,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--attacks", default=",".join(ATTACKS),
                         help="comma-separated, of: " + ", ".join(ATTACKS))
     upload_attacks.add_arguments(parser)
+    parser.add_argument("--opus-workers", type=int, default=None,
+                        help="the pod's Opus lanes (asrpool serve --opus-workers)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--name", default="soak", help="of the JSON written in --out")
@@ -615,15 +617,16 @@ def targets_of(plat: local.LocalPlatform) -> list[Target]:
 
 def platform_environment(opts: argparse.Namespace
                          ) -> contextlib.AbstractContextManager[None]:
-    """The pod's and router's deadlines, as the environment their processes inherit
-    (restored afterwards)."""
+    """The pod's and router's deadlines (and the pod's Opus lanes), as the environment
+    their processes inherit (restored afterwards)."""
     values = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for name, value in (("HANDSHAKE_TIMEOUT_SECONDS", opts.handshake_timeout_seconds),
                         ("HANDSHAKE_TIMEOUT_S", opts.handshake_timeout_seconds),
                         ("SEND_TIMEOUT_SECONDS", opts.send_timeout_seconds),
                         ("SEND_TIMEOUT_S", opts.send_timeout_seconds),
                         ("BODY_TIMEOUT_SECONDS", opts.body_timeout_seconds),
-                        ("NEW_STREAMS_PER_SECOND", opts.new_streams_per_second)):
+                        ("NEW_STREAMS_PER_SECOND", opts.new_streams_per_second),
+                        ("OPUS_WORKERS", opts.opus_workers)):
         if value is not None:
             values[f"ASRPOOL_{name}"] = str(value)
     return processes.inherited_environment(values)

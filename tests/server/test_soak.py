@@ -67,3 +67,20 @@ def test_bench_soak_amplification_attacks_are_refused_and_hold_nothing(tmp_path:
         slow = phases[f"slow_body@{target}"]["result"]
         assert slow["statuses"] == {"408": 2} and slow["connections_held"] == 0
     assert result["neighbour_errors"] == []
+
+
+def test_bench_soak_opus_bomb_through_opus_lanes_holds_nothing(tmp_path: Path) -> None:
+    """The websocket Opus bomb against a pod whose Opus lanes decode it: the child
+    decodes no faster than the slot takes it, and nothing is left held."""
+    assert soak.main([
+        "--slots", "3", "--attacks", "opus_bomb", "--opus-workers", "2", "--bomb-hours", "2",
+        "--opus-bomb-seconds", "2", "--settle-seconds", "5", "--baseline-seconds", "2",
+        "--name", "lanes", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "lanes.json").read_text())
+    assert result["slots_leaked"] == result["sessions_leaked"] == 0
+    for target in ("pod", "router"):
+        streamed = next(p for p in result["phases"] if p["attack"] == f"opus_bomb@{target}")
+        assert streamed["result"]["declared_s"] == 7200 and streamed["result"]["steps"] > 0
+        assert streamed["result"]["error_codes"] == []
+        assert streamed["memory_growth_mib"]["pod"] < 200
+    assert result["neighbour_errors"] == []
