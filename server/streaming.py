@@ -164,7 +164,10 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
         except RuntimeError:  # receive after the connection went away
             return outcomes.Lost()
         if message["type"] == "websocket.disconnect":
-            return _disconnected(pod, int(message.get("code") or protocol.CloseCode.NO_STATUS))
+            return _disconnected(int(message.get("code") or protocol.CloseCode.NO_STATUS))
+        refused = framing.refused(message)  # a frame over the limit, refused from its header
+        if refused is not None:
+            return refused
         data = message.get("bytes")
         if data is None:  # text frames are ignored, and are no activity, as in moshi-server
             if not budget.spend(0):
@@ -191,9 +194,7 @@ def _over_budget(pod: pods.Pod) -> outcomes.Failed:
         protocol.ErrorCode.TOO_MANY_MESSAGES)
 
 
-def _disconnected(pod: pods.Pod, code: int) -> outcomes.Outcome:
-    if code == protocol.CloseCode.TOO_LARGE:  # the parser refused a frame and
-        pod.count_error(protocol.ErrorCode.TOO_LARGE)  # framing.WebSocketProtocol sent the Error
+def _disconnected(code: int) -> outcomes.Outcome:
     return outcomes.Lost() if code in _LOST else outcomes.Closed()
 
 
