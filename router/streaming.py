@@ -278,9 +278,9 @@ async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) 
 
 
 def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) -> None:
-    if isinstance(end, proxying.TooLarge):
-        _refuse_relayed(relay, refusals.too_large(end.size, deps.config.max_message_bytes), deps)
-    elif isinstance(end, proxying.PodLost):
+    if relay.refused is not None:  # the pod told the client (relayed), in its place
+        deps.meters.rejections.labels(relay.refused.code).inc()
+    if isinstance(end, proxying.PodLost):
         _refuse_relayed(relay, refusals.pod_lost(), deps)
     elif isinstance(end, proxying.TooSlow):  # nothing can reach it: aborted already
         deps.meters.rejections.labels(protocol.ErrorCode.TOO_SLOW).inc()

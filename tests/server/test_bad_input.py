@@ -17,6 +17,7 @@ import pytest
 import websockets
 from websockets.asyncio import client as ws_client
 
+from asrpool.common import protocol
 from tests.server import conftest
 from tests.support import kyutai_client, servers
 
@@ -105,6 +106,16 @@ async def test_unknown_type(idle_server: servers.ServerProcess) -> None:
     error = await _refused(idle_server, _sender(msgpack.packb({"type": "Shout"})))
     assert error["code"] == "unknown_type"
     assert "Shout" in error["message"]
+
+
+async def test_a_routers_refusal_is_no_message_of_a_client(
+        idle_server: servers.ServerProcess) -> None:
+    """A pod that routers do not front (no pod token) takes a router's refusal of a
+    client's message for what it is from a client: an unknown type."""
+    told = protocol.Refusal("message of 9 bytes exceeds the limit of 8 bytes",
+                            protocol.ErrorCode.TOO_LARGE, protocol.CloseCode.TOO_LARGE)
+    error = await _refused(idle_server, _sender(protocol.router_refusal(told)))
+    assert error["code"] == "unknown_type"
 
 
 async def test_pcm_of_the_wrong_type(idle_server: servers.ServerProcess) -> None:
