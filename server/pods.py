@@ -207,6 +207,10 @@ class Pod:
         stream.resumable = True
         return self._handle(stream)
 
+    def end(self, token: str) -> bool:
+        """End the stream a resume token names now (``DELETE /api/asr-streaming``)."""
+        return self.sessions.end(token)
+
     def _handle(self, stream: sessions.Stream) -> handles.Handle:
         return handles.Handle(stream, self.sessions, self.buffers, self.metrics, self.settings,
                               self.lanes)
