@@ -411,7 +411,7 @@ async def clean_close_after_marker(target: Target, slots: int) -> dict[str, Any]
     finally:
         for ws in holders:
             await ws.close()
-    return {"next_client": "Ready" if seconds is not None else "busy",
+    return {"next_client": "Ready" if seconds is not None else "no slot",
             "freed_before_resume_grace": seconds is not None and seconds < RESUME_GRACE_SECONDS,
             "seconds_until_free": None if seconds is None else round(seconds, 1)}
 
