@@ -15,6 +15,7 @@ ones for silence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import itertools
@@ -392,6 +393,57 @@ async def full_server(target: Target, slots: int) -> dict[str, Any]:
     return {"status": seen.status, "messages": seen.messages(), "close": seen.close}
 
 
+RESUME_GRACE_SECONDS = 30.0  # asrpool's default: how long a dropped stream's slot is kept
+FREE_SLOT_WAIT = 90.0  # for the next client to get the slot
+RETRY_SECONDS = 0.25
+
+
+async def clean_close_after_marker(target: Target, slots: int) -> dict[str, Any]:
+    """Kyutai's file client closes as soon as its marker is back, while the server
+    still holds the silence sent to flush the marker; every other slot is held: how
+    soon the next client gets the slot (``seconds_until_free``, from the marker)."""
+    headers = {protocol.API_KEY_HEADER: target.api_key}
+    holders = [await connect(target.ws_url, additional_headers=headers) for _ in range(slots - 1)]
+    try:
+        for ws in holders:
+            await asyncio.wait_for(ws.recv(), SESSION_TIMEOUT)  # Ready: the slot is taken
+        seconds = await _closed_after_marker_then_next(target, headers)
+    finally:
+        for ws in holders:
+            await ws.close()
+    return {"next_client": "Ready" if seconds is not None else "no slot",
+            "freed_before_resume_grace": seconds is not None and seconds < RESUME_GRACE_SECONDS,
+            "seconds_until_free": None if seconds is None else round(seconds, 1)}
+
+
+async def _closed_after_marker_then_next(target: Target, headers: dict[str, str]
+                                         ) -> float | None:
+    """Seconds from the marker's return to the next client's Ready (None: never)."""
+    sends = [pack(m) for m in file_client_messages()]
+    async with connect(target.ws_url, additional_headers=headers, max_size=None,
+                       open_timeout=SESSION_TIMEOUT, ping_interval=None) as ws:
+        await asyncio.wait_for(_converse(ws, sends, 0, (), Session()), SESSION_TIMEOUT)
+        back = asyncio.get_running_loop().time()
+        closing = asyncio.create_task(ws.close())  # waits for the server's answer
+        freed = await _next_client_gets_a_slot(target, headers)
+        await closing
+    return asyncio.get_running_loop().time() - back if freed else None
+
+
+async def _next_client_gets_a_slot(target: Target, headers: dict[str, str]) -> bool:
+    """Connect again and again until a Ready (True) or ``FREE_SLOT_WAIT`` (False)."""
+    deadline = asyncio.get_running_loop().time() + FREE_SLOT_WAIT
+    while asyncio.get_running_loop().time() < deadline:
+        async with connect(target.ws_url, additional_headers=headers,
+                           open_timeout=SESSION_TIMEOUT) as ws:
+            with contextlib.suppress(ConnectionClosed):
+                first = msgpack.unpackb(await asyncio.wait_for(ws.recv(), SESSION_TIMEOUT))
+                if first.get("type") == "Ready":
+                    return True
+        await asyncio.sleep(RETRY_SECONDS)
+    return False
+
+
 def post_wav(target: Target) -> dict[str, Any]:
     request = urllib.request.Request(
         target.http_url + protocol.STREAMING_PATH, data=wav_bytes(speech(seed=13)),
@@ -438,6 +490,9 @@ def catalogue(slots: int) -> list[Case]:
     async def full(target: Target) -> dict[str, Any]:
         return await full_server(target, slots)
 
+    async def closes(target: Target) -> dict[str, Any]:
+        return await clean_close_after_marker(target, slots)
+
     return [
         Case("Ready", "the first frame's bytes; extensions the upgrade negotiated", ready_bytes),
         Case("file client", "a file as Kyutai's file client streams it: words, times, marker",
@@ -452,6 +507,9 @@ def catalogue(slots: int) -> list[Case]:
         Case("POST a WAV", "POST /api/asr-streaming with a 16-bit WAV",
              _threaded(post_wav)),
         Case("full server", f"{slots} clients hold every slot, one more connects", full),
+        Case("clean close after marker", "Kyutai's file client closes once its marker is"
+             " back, the server still holding its flush silence, every other slot held: the"
+             " next client gets the slot", closes),
         Case("text frame", "a text frame mid-stream (ignored)", text_frame),
         Case("unknown type", "once the speech's results are out, {type: Hello}", unknown_type),
         Case("malformed MessagePack", "once the speech's results are out, bytes that are no"

@@ -87,9 +87,14 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+# Fields that measure (a time on this machine) rather than answer: shown, never compared.
+MEASURED = frozenset({"seconds_until_free"})
+
+
 def differing_fields(answers: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The fields whose values are not the same in every answer (absent counts)."""
-    fields = sorted({field for answer in answers.values() for field in answer})
+    """The fields whose values are not the same in every answer (absent counts), but
+    for :data:`MEASURED` ones."""
+    fields = sorted({field for answer in answers.values() for field in answer} - MEASURED)
     return [field for field in fields
             if len({canonical(answer.get(field)) for answer in answers.values()}) > 1]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+import sys
 from typing import NamedTuple
 
 CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
@@ -42,6 +43,7 @@ class Scan(NamedTuple):
     controls: tuple[Control, ...] = ()
     fault: Fault = Fault.NONE
     size: int = 0
+    rest: bytes = b""  # of a fault: the read from the faulty frame's header on
 
 
 _make = tuple.__new__
@@ -49,7 +51,7 @@ _make = tuple.__new__
 
 def _passed(data: bytes) -> Scan:
     """The Scan of a read passed whole (NamedTuple's own constructor costs 4x as much)."""
-    return _make(Scan, (data, (), Fault.NONE, 0))
+    return _make(Scan, (data, (), Fault.NONE, 0, b""))
 
 
 def frame(opcode: int, payload: bytes = b"", mask: bytes | None = None) -> bytes:
@@ -146,7 +148,8 @@ class Scanner:
             fault = self._check(first, opcode, size, masked) if self.from_client else Fault.NONE
             if fault is not Fault.NONE:
                 pieces.append(data[start:pos])
-                return Scan(b"".join(pieces), tuple(controls), fault, self.message + size)
+                return Scan(b"".join(pieces), tuple(controls), fault, self.message + size,
+                            data[pos:])
             if opcode >= CLOSE:
                 if end - pos < head + size:
                     break  # a control frame is whole before it is looked at
@@ -168,6 +171,15 @@ class Scanner:
             return _passed(data if pos == end else data[:pos])
         pieces.append(data[start:pos])
         return Scan(b"".join(pieces), tuple(controls))
+
+    def discarding(self) -> Scanner:
+        """A scanner of the same flow from a refused frame's header on, which passes
+        everything (the caller drops it) and checks no size: so that the rest of a
+        refused client's bytes, its refused frame's payload first, can be read and
+        dropped, and its close still found."""
+        flow = Scanner(self.from_client, sys.maxsize, self.cut)
+        flow.fragmented = self.fragmented
+        return flow
 
     def _count(self, first: int, size: int) -> None:
         fin = bool(first & 0x80)

@@ -143,14 +143,15 @@ class PodLink(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def close(self, code: int = 1000) -> None:
-        """A clean close (the pod frees the slot), waiting a bound for the pod's answer.
-        Without a frame boundary to put the close frame at, the link is dropped."""
+    async def close(self, code: int = 1000) -> bool:
+        """A clean close (the pod frees the slot), waiting a bound for the pod's answer;
+        whether it came. Without it, or without a frame boundary to put the close frame
+        at, the link is dropped, which the pod reads as a lost connection."""
         if self.transport is None or self.transport.is_closing():
-            return
+            return True
         if not self.at_boundary():
             self.abort()
-            return
+            return False
         self.sink = _discard
         self.transport.write(frames.close_frame(code, mask=os.urandom(4)))
         with contextlib.suppress(Exception):
@@ -159,6 +160,8 @@ class PodLink(asyncio.Protocol):
             await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_TIMEOUT_S)
         except TimeoutError:
             self.abort()
+            return False
+        return True
 
 
 def _discard(_: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import aiohttp
 import msgpack
 
 from asrpool.common import protocol, rates
@@ -97,6 +98,25 @@ async def open_stream(
         )
     await link.close()
     return Refused(protocol.error_code(code), message or f"pod answered {kind!r}", first)
+
+
+async def end_stream(address: str, pool: str, config: settings.RouterSettings,
+                     pod_resume_token: str) -> bool:
+    """Ask the pod to end a stream now (``DELETE /api/asr-streaming``, its resume token
+    naming it): for a clean end whose close the pod has not read, because it holds back
+    the audio sent before it. Whether the pod ended it; a pod that cannot be asked keeps
+    the stream for its resume grace, as after any lost link."""
+    url = f"http://{address}{protocol.STREAMING_PATH}"
+    sent = {**headers(config, pool, pod_resume_token)}
+    sent.pop(protocol.RESUMABLE_HEADER, None)
+    timeout = aiohttp.ClientTimeout(total=config.pod_connect_timeout_seconds)
+    try:
+        async with (aiohttp.ClientSession(timeout=timeout) as client,
+                    client.delete(url, headers=sent) as reply):
+            return reply.status == 204
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("pod %s not asked to end a stream (kept for its grace): %s", address, exc)
+        return False
 
 
 def _peek(frame: bytes) -> tuple[str, str, str]:

@@ -17,11 +17,6 @@ class ClientLeft:
 
 
 @dataclasses.dataclass(frozen=True)
-class TooLarge:
-    size: int
-
-
-@dataclasses.dataclass(frozen=True)
 class PodClosed:
     code: int
     reason: str
@@ -40,7 +35,7 @@ class TooSlow:
     seconds: float
 
 
-End = ClientLeft | TooLarge | PodClosed | PodLost | TooSlow
+End = ClientLeft | PodClosed | PodLost | TooSlow
 
 # Client close codes of a lost connection (1005 no status, 1006 no close frame): the
 # pod keeps the slot for a resume only if the client asked for one. This router

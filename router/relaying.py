@@ -7,7 +7,9 @@ read from one socket is written to the other as is. A :class:`frames.Scanner` pe
 direction follows the frame headers, so that the router still
 
 - refuses a client message over ``max_bytes`` from its header, and a frame a server
-  must refuse (close 1002), before any of it reaches the pod;
+  must refuse (close 1002), before any of it reaches the pod; the pod is told of a
+  message over the limit in the client's place (``protocol.router_refusal``), so that
+  the results of the audio it has still reach the client before the ``Error``;
 - sees each side's close frame (the stream's end, settled by the caller) and answers
   the pod's pings itself, never the client (hop-by-hop liveness, as before);
 - pings its client every ``ping_interval_seconds`` and drops one from which nothing arrived
@@ -28,7 +30,7 @@ import os
 from typing import Any
 
 from asrpool.common import framing, protocol
-from asrpool.router import frames, links, metrics, proxying
+from asrpool.router import frames, links, metrics, proxying, refusals
 
 CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicorn
 PAD_LIMIT_BYTES = 1 << 20  # the most filler sent to finish a cut frame
@@ -73,6 +75,9 @@ class Relay:
         self.ended: asyncio.Future[proxying.End] = self.loop.create_future()
         self.client_gone = self.loop.create_future()
         self.client_paused = False
+        self.max_bytes = max_bytes
+        self.refused: refusals.Refusal | None = None  # told to the pod in the client's place
+        self.client_flow = self.up  # a refused client's: self.up.discarding()
         self.ping_interval, self.ping_timeout = ping
         self.heard = False  # anything from the client since the last ping (a flag: uvloop's
         # clock has millisecond steps, a loopback pong can come within the same one)
@@ -120,6 +125,9 @@ class Relay:
             self._closing_client(data)
             return
         self.heard = True
+        if self.refused is not None:
+            self._discard_client(data)
+            return
         scan = self.up.feed(data)
         if scan.forward:
             self.link.write(scan.forward)
@@ -131,8 +139,32 @@ class Relay:
                 self._client_closed(control.payload)
                 return
         if scan.fault is frames.Fault.TOO_LARGE:
-            self.end(proxying.TooLarge(scan.size))
+            self._refuse_through_pod(refusals.too_large(scan.size, self.max_bytes))
+            self.client_flow = self.up.discarding()
+            self._discard_client(scan.rest)
         elif scan.fault is frames.Fault.PROTOCOL:
+            self.end(proxying.ClientLeft(protocol.CloseCode.PROTOCOL_ERROR))
+            self.close_client(protocol.CloseCode.PROTOCOL_ERROR, "invalid frame")
+
+    def _refuse_through_pod(self, refusal: refusals.Refusal) -> None:
+        """A client message refused from its header (none of it reaches the pod): the
+        pod is told in the client's place, so that it sends the results of the audio it
+        has, then the ``Error`` and its close, all relayed; the stream ends with the
+        pod's close, as for a bad message the pod refuses itself. Meanwhile the
+        client's bytes are read and dropped (:meth:`_discard_client`)."""
+        self.refused = refusal
+        told = frames.frame(frames.BINARY, protocol.router_refusal(refusal), os.urandom(4))
+        self.link.write(told)  # at a frame boundary: the refused frame was not passed on
+
+    def _discard_client(self, data: bytes) -> None:
+        """A refused client's bytes, its refused frame's payload first, are dropped
+        (never buffered), but for its close and a frame a server must refuse."""
+        scan = self.client_flow.feed(data)
+        for control in scan.controls:
+            if control.opcode == frames.CLOSE:
+                self._client_closed(control.payload)
+                return
+        if scan.fault is frames.Fault.PROTOCOL:
             self.end(proxying.ClientLeft(protocol.CloseCode.PROTOCOL_ERROR))
             self.close_client(protocol.CloseCode.PROTOCOL_ERROR, "invalid frame")
 
@@ -145,13 +177,15 @@ class Relay:
         self.end(proxying.ClientLeft(code))
 
     def _closing_client(self, data: bytes) -> None:
-        scan = self.up.feed(data)
+        scan = self.client_flow.feed(data)
         closed = any(c.opcode == frames.CLOSE for c in scan.controls)
         if closed or scan.fault is not frames.Fault.NONE:
             self.client.close()
 
     def client_lost(self, exc: Exception | None) -> None:
-        self.end(proxying.ClientLeft(protocol.CloseCode.LOST))
+        # A refused stream is over: its client's drop is no loss to wait for a resume after.
+        code = protocol.CloseCode.LOST if self.refused is None else protocol.CloseCode.NORMAL
+        self.end(proxying.ClientLeft(code))
         if not self.client_gone.done():
             self.client_gone.set_result(None)
         self.client_protocol.connection_lost(exc)  # uvicorn forgets the connection

@@ -261,10 +261,21 @@ async def finish(
     _tell_client(relay, end, deps)
     if not abort:
         relay.finish_client_frame()
-        await opened.link.close()  # a clean end: the pod frees the slot
+        await _close_link(session, opened, deps)
     await _settle(session, detach, deps)
     with contextlib.suppress(TimeoutError):  # the client's answer to our close
         await asyncio.wait_for(asyncio.shield(relay.client_gone), relaying.CLIENT_CLOSE_TIMEOUT_S)
+
+
+async def _close_link(session: admissions.Session, opened: pods.Opened,
+                      deps: wiring.Deps) -> None:
+    """A clean end: the pod frees the slot once it reads the close. A pod that holds
+    back a fast sender reads it only behind the audio it holds, and the link is dropped
+    before (``links.CLOSE_TIMEOUT_S``), which would keep the slot for a resume: the pod
+    is then asked to end the stream, so that its slot is free at once."""
+    if not await opened.link.close():
+        await pods.end_stream(session.address, session.pool, deps.config,
+                              opened.pod_resume_token)
 
 
 async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) -> None:
@@ -278,9 +289,9 @@ async def _settle(session: admissions.Session, detach: bool, deps: wiring.Deps) 
 
 
 def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) -> None:
-    if isinstance(end, proxying.TooLarge):
-        _refuse_relayed(relay, refusals.too_large(end.size, deps.config.max_message_bytes), deps)
-    elif isinstance(end, proxying.PodLost):
+    if relay.refused is not None:  # the pod told the client (relayed), in its place
+        deps.meters.rejections.labels(relay.refused.code).inc()
+    if isinstance(end, proxying.PodLost):
         _refuse_relayed(relay, refusals.pod_lost(), deps)
     elif isinstance(end, proxying.TooSlow):  # nothing can reach it: aborted already
         deps.meters.rejections.labels(protocol.ErrorCode.TOO_SLOW).inc()

@@ -88,6 +88,10 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
     async def asr_post(request: fastapi.Request) -> responses.Response:
         return await _transcribe(pod, request)
 
+    @app.delete(protocol.STREAMING_PATH)
+    def asr_end(request: fastapi.Request) -> responses.Response:
+        return _end(pod, request)
+
     @app.get(protocol.STREAMING_PATH, include_in_schema=False)
     def asr_get() -> responses.Response:
         return responses.PlainTextResponse(protocol.UPGRADE_REQUIRED, status_code=426)
@@ -113,6 +117,22 @@ async def _transcribe(pod: pods.Pod, request: fastapi.Request) -> responses.Resp
     except uploads.Refused as exc:
         return responses.PlainTextResponse(exc.message, status_code=exc.status)
     return responses.JSONResponse(words)
+
+
+def _end(pod: pods.Pod, request: fastapi.Request) -> responses.Response:
+    """End the stream that the ``asrpool-resume-token`` header names, now, as if its
+    client had closed: its slot is freed whatever audio it holds. A router asks this
+    when its client closed cleanly but the pod, holding back a fast sender, had not yet
+    read the close that came behind that audio (dropping the link instead would keep
+    the slot for a resume). 204, or 404 for an unknown token."""
+    refusal = pod.refusal(request.headers, request.query_params)
+    if refusal is not None:
+        pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
+        return responses.PlainTextResponse(refusal, status_code=401)
+    token = request.headers.get(protocol.RESUME_TOKEN_HEADER, "")
+    if not pod.end(token):
+        return responses.PlainTextResponse("unknown or expired resume token", status_code=404)
+    return responses.Response(status_code=204)
 
 
 def _status(ok: bool, state: str) -> responses.Response:

@@ -170,6 +170,11 @@ class Pod:
         throttled = rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())
         return dataclasses.replace(throttled, held=not self._from_a_router(headers))
 
+    @property
+    def behind_routers(self) -> bool:
+        """Whether only routers reach this pod (it has a pod token: see :meth:`refusal`)."""
+        return auth.revealed(self.settings.pod_token) is not None
+
     def _from_a_router(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
         token = auth.revealed(self.settings.pod_token)
         if token is None:
@@ -202,6 +207,10 @@ class Pod:
                                    protocol.ErrorCode.BAD_RESUME_TOKEN)
         stream.resumable = True
         return self._handle(stream)
+
+    def end(self, token: str) -> bool:
+        """End the stream a resume token names now (``DELETE /api/asr-streaming``)."""
+        return self.sessions.end(token)
 
     def _handle(self, stream: sessions.Stream) -> handles.Handle:
         return handles.Handle(stream, self.sessions, self.buffers, self.metrics, self.settings,

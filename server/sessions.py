@@ -131,6 +131,19 @@ class Sessions:
         self._claim(stream)  # now, not after the handshake: a second resume waits for us
         return stream
 
+    def end(self, token: str) -> bool:
+        """End the stream a resume token names now, as if its client had closed: an
+        attached connection is asked to end (``Closed``), a detached stream's slot is
+        freed. False when the token names none."""
+        stream = self._tokens.get(token)
+        if stream is None:
+            return False
+        if stream.attached:
+            stream.end_connection(outcomes.Closed())
+        else:
+            self.close(stream)
+        return True
+
     def _claim(self, stream: Stream) -> None:
         stream.attached = True
         stream.detached.clear()

@@ -164,7 +164,10 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
         except RuntimeError:  # receive after the connection went away
             return outcomes.Lost()
         if message["type"] == "websocket.disconnect":
-            return _disconnected(pod, int(message.get("code") or protocol.CloseCode.NO_STATUS))
+            return _disconnected(int(message.get("code") or protocol.CloseCode.NO_STATUS))
+        refused = framing.refused(message)  # a frame over the limit, refused from its header
+        if refused is not None:
+            return refused
         data = message.get("bytes")
         if data is None:  # text frames are ignored, and are no activity, as in moshi-server
             if not budget.spend(0):
@@ -178,9 +181,22 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
             await handle.push(decoded)
             last_audio = time.monotonic()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
-            too_large = exc.code == protocol.ErrorCode.TOO_LARGE
-            return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large
-                                   else protocol.CloseCode.POLICY)
+            return _refused_by_the_router(pod, exc, data) or _client_fault(exc)
+
+
+def _client_fault(exc: protocol.ProtocolError) -> outcomes.Failed:
+    too_large = exc.code == protocol.ErrorCode.TOO_LARGE
+    return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large
+                           else protocol.CloseCode.POLICY)
+
+
+def _refused_by_the_router(pod: pods.Pod, exc: protocol.ProtocolError,
+                           data: bytes) -> outcomes.Failed | None:
+    """The refusal of a client message that the router refused in its place (a frame
+    over the size limit): not a type a client sends, and taken only behind routers."""
+    if exc.code != protocol.ErrorCode.UNKNOWN_TYPE or not pod.behind_routers:
+        return None
+    return protocol.decode_router_refusal(data)
 
 
 def _over_budget(pod: pods.Pod) -> outcomes.Failed:
@@ -191,9 +207,7 @@ def _over_budget(pod: pods.Pod) -> outcomes.Failed:
         protocol.ErrorCode.TOO_MANY_MESSAGES)
 
 
-def _disconnected(pod: pods.Pod, code: int) -> outcomes.Outcome:
-    if code == protocol.CloseCode.TOO_LARGE:  # the parser refused a frame and
-        pod.count_error(protocol.ErrorCode.TOO_LARGE)  # framing.WebSocketProtocol sent the Error
+def _disconnected(code: int) -> outcomes.Outcome:
     return outcomes.Lost() if code in _LOST else outcomes.Closed()
 
 

@@ -5,9 +5,14 @@ subclass that changes two policies to moshi-server's:
 
 - Frame limit: ``ws_max_size`` equals ``max_message_bytes`` (16 MiB by default, as
   moshi-server's axum). A larger frame is refused by the parser from its header,
-  before its payload is buffered; plain uvicorn then closes with 1009 and says
-  nothing. Here the client first gets ``Error{code:"too_large"}`` naming the sizes.
-  The application then receives a disconnect with code 1009.
+  before its payload is buffered; plain uvicorn (websockets) then closes with 1009 at
+  once and says nothing, and the results of the audio before the frame are lost.
+  Here the parser reads the frame's payload and discards it (a chunk at a time, never
+  buffered whole), parses on behind it, and hands the application, after the
+  messages before the frame, a ``websocket.receive`` event that carries the refusal
+  (:func:`refused`): ``Error{code:"too_large"}`` naming the sizes, and close 1009.
+  The application ends the stream with it once the results of the audio it received
+  are out, as moshi-server delivers them.
 - A refused handshake (HTTP 401 before the upgrade) is a complete one: plain uvicorn
   logs an ERROR line for each.
 - Liveness: moshi-server drops a client it has heard nothing from (no frame of any
@@ -40,17 +45,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
-from typing import Any
+import sys
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, cast
 
 from uvicorn.protocols.websockets import websockets_sansio_impl
-from websockets import exceptions, frames
+from websockets import exceptions, frames, server
+from websockets import protocol as ws_protocol
 from websockets.http11 import Request
 
 from asrpool.common import protocol
 
 HANDOVER = "asrpool.handover"
 UNSENT_BYTES = 16 << 10  # in the kernel, and again in the transport, per connection
+REFUSED = "asrpool.refused"  # the key of a receive event that carries a refused frame's Refusal
+MASK_BYTES = 4  # a client frame's masking key, after its header
+
+
+class RefusingConnection(server.ServerProtocol):
+    """websockets' server side, but a message over ``max_size`` does not fail the
+    connection: its payload is read and discarded as it arrives, parsing goes on behind
+    it, and the connection stays open, so that the application can still send (the
+    results of the audio before it, its ``Error``) and close. :attr:`parser_exc` is
+    the refused frame's ``PayloadTooBig``, until the protocol takes it."""
+
+    def fail(self, code: int, reason: str = "") -> None:
+        refused = sys.exception()  # parse() fails the connection from its except clause
+        if (code == frames.CloseCode.MESSAGE_TOO_BIG and self.state is ws_protocol.OPEN
+                and isinstance(refused, exceptions.PayloadTooBig) and refused.message is None
+                and refused.size is not None):
+            self.parser = self._skipping(MASK_BYTES + refused.size)
+            next(self.parser)
+            return
+        super().fail(code, reason)
+
+    def _skipping(self, count: int) -> Generator[None]:
+        """Read and discard ``count`` bytes, as much as has arrived at a time, then
+        parse on (the end of the stream meanwhile: parse() fails the connection)."""
+        while count and not (yield from self.reader.at_eof()):
+            skipped = yield from self.reader.read_exact(min(count, len(self.reader.buffer)))
+            count -= len(skipped)
+        yield from self.parse()
 
 
 class EarlyFrames(RuntimeError):
@@ -66,6 +101,12 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
     send_timeout_seconds: float | None = None  # set by limits.uvicorn_options
     stall_timer: asyncio.TimerHandle | None = None
     send_timed_out = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        built = self.conn  # uvicorn's, rebuilt alike as a RefusingConnection
+        self.conn = RefusingConnection(extensions=built.available_extensions,
+                                       max_size=self.config.ws_max_size, logger=built.logger)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -140,11 +181,25 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
 
     def handle_parser_exception(self) -> None:
         exc = self.conn.parser_exc
-        if isinstance(exc, exceptions.PayloadTooBig) and exc.message is None:
-            error = protocol.error(_reason(exc), protocol.ErrorCode.TOO_LARGE)
-            frame = frames.Frame(frames.Opcode.BINARY, error)
-            self.transport.write(frame.serialize(mask=False))
+        if isinstance(exc, exceptions.PayloadTooBig) and self.conn.state is ws_protocol.OPEN:
+            self.conn.parser_exc = None  # refused, not failed: the connection goes on
+            self.handle_events()  # the messages before the frame reach the app first
+            # An ASGI receive event with a key of ours, which ASGI's types do not know.
+            self.queue.put_nowait(cast(Any, refusal_event(_reason(exc))))
+            return
         super().handle_parser_exception()
+
+
+def refusal_event(reason: str) -> dict[str, Any]:
+    """The receive event of a frame refused from its header (no bytes, no text)."""
+    refusal = protocol.Refusal(reason, protocol.ErrorCode.TOO_LARGE, protocol.CloseCode.TOO_LARGE)
+    return {"type": "websocket.receive", "bytes": None, "text": None, REFUSED: refusal}
+
+
+def refused(message: Mapping[str, Any]) -> protocol.Refusal | None:
+    """The refusal a receive event carries: a frame the parser refused from its header."""
+    refusal = message.get(REFUSED)
+    return refusal if isinstance(refusal, protocol.Refusal) else None
 
 
 def bound_unsent(transport: asyncio.Transport) -> None:

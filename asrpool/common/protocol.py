@@ -198,6 +198,34 @@ def too_large(size: int, max_bytes: int) -> ProtocolError:
         f"message of {size} bytes exceeds the limit of {max_bytes} bytes", ErrorCode.TOO_LARGE)
 
 
+ROUTER_REFUSAL_TYPE = "RouterRefusal"
+
+
+def router_refusal(refusal: Refusal) -> bytes:
+    """A router's message to its pod, in the client's place: the router refused the
+    client's next message itself (a frame over the size limit, from its header), so the
+    pod never sees it. The pod ends the stream with ``refusal`` as with a bad message of
+    its own: the results of the audio it received, then the ``Error``, then the close.
+    Pods take it only on a router's link (one that carries the pod token)."""
+    return encode({"type": ROUTER_REFUSAL_TYPE, "message": refusal.message,
+                   "code": str(refusal.code), "close_code": int(refusal.close_code)})
+
+
+def decode_router_refusal(data: bytes) -> Refusal | None:
+    """The refusal in a :func:`router_refusal` message; None for any other bytes."""
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.UnpackException):  # every way msgpack says 'not msgpack'
+        return None
+    if not isinstance(body, dict) or body.get("type") != ROUTER_REFUSAL_TYPE:
+        return None
+    try:
+        return Refusal(str(body["message"]), ErrorCode(body["code"]),
+                       CloseCode(body["close_code"]))
+    except (KeyError, ValueError):
+        return None
+
+
 def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ClientMessage:
     """Parse and validate one binary frame from a client.
 

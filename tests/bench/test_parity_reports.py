@@ -38,6 +38,14 @@ def test_a_difference_beyond_the_documented_fields_is_undocumented() -> None:
     assert parity_reports.verdict("file client", answers)["verdict"] == "undocumented"
 
 
+def test_a_measured_time_is_kept_but_not_compared() -> None:
+    answers = {"moshi-server": {"next_client": "Ready", "seconds_until_free": 0.3},
+               "asrpool pod": {"next_client": "Ready", "seconds_until_free": 10.2}}
+    assert parity_reports.verdict("clean close after marker", answers)["verdict"] == "same"
+    row = parity_reports.row("clean close after marker", "d", answers)
+    assert "10.2" in parity_reports.markdown_table([row], list(answers))
+
+
 def test_words_differ_by_the_first_frames_padding() -> None:
     answers = {"moshi-server": {"words": [1]}, "asrpool pod": {"words": [2]}}
     assert parity_reports.verdict("file client", answers)["reason"] == parity_reports.PADDING

@@ -15,32 +15,43 @@ import websockets
 from websockets.asyncio import client as ws_client
 
 from tests.compat import clients, conftest
-from tests.support import kyutai_client
+from tests.support import kyutai_client, streams
 
 Send = Callable[[ws_client.ClientConnection], Awaitable[None]]
 
 
 async def _refused(endpoint: conftest.Endpoint, send_bad: Send) -> tuple[dict[str, Any], int]:
     """The Error and close code of a stream that sends ``send_bad``, next to a healthy one."""
+    told, close_code = await _told_next_to_a_healthy_stream(endpoint, send_bad)
+    assert told and told[-1]["type"] == "Error", [m["type"] for m in told]
+    return told[-1], close_code
+
+
+async def _told_next_to_a_healthy_stream(
+        endpoint: conftest.Endpoint, send_bad: Send) -> tuple[list[dict[str, Any]], int]:
+    """Every message a stream that sends ``send_bad`` is told, and its close code; a
+    healthy stream next to it gets its marker back afterwards."""
     async with await clients.connect(endpoint) as good:
         async with await clients.connect(endpoint) as bad:
             await send_bad(bad)
-            error = await _error_of(bad)
-            await asyncio.wait_for(bad.wait_closed(), 10)
+            told = await _told(bad)
             close_code = bad.close_code
         await clients.used_slots_become(endpoint, 1, 5)  # the bad one's slot is free
         await clients.send_all(good, clients.with_marker(clients.chunked(
             np.zeros(clients.SECOND, dtype=np.float32), clients.FRAME)))
         await kyutai_client.until_marker(good, 0)
     assert close_code is not None
-    return error, close_code
+    return told, close_code
 
 
-async def _error_of(ws: ws_client.ClientConnection) -> dict[str, Any]:
-    while True:
-        message = await kyutai_client.receive(ws, timeout=30)
-        if message["type"] == "Error":
-            return message
+async def _told(ws: ws_client.ClientConnection) -> list[dict[str, Any]]:
+    """Every message until the server closes."""
+    told: list[dict[str, Any]] = []
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            told.append(await kyutai_client.receive(ws, timeout=30))
+    await asyncio.wait_for(ws.wait_closed(), 10)
+    return told
 
 
 def _sending(*messages: dict[str, Any]) -> Send:
@@ -57,6 +68,24 @@ async def test_a_frame_over_16_mib(endpoint: conftest.Endpoint) -> None:
     error, close_code = await _refused(endpoint, send)
     assert (error["code"], close_code) == ("too_large", 1009)
     assert str(16 << 20) in error["message"]
+
+
+async def test_a_frame_over_16_mib_behind_audio_lets_that_audios_words_out(
+        endpoint: conftest.Endpoint) -> None:
+    """As moshi-server: the words of the audio sent right before a frame over the limit
+    still come back, then the Error, then close 1009; the other stream carries on."""
+    speech = streams.random_speechlike(2.0, seed=4)
+    silence = np.zeros(clients.SECOND, dtype=np.float32)
+
+    async def send(ws: ws_client.ClientConnection) -> None:
+        await clients.send_all(ws, [*clients.chunked(speech, clients.FRAME),
+                                    {"type": "Audio", "pcm": silence}])
+        with contextlib.suppress(websockets.ConnectionClosed):  # refused mid-send
+            await ws.send(b"\x00" * (17 << 20))
+
+    told, close_code = await _told_next_to_a_healthy_stream(endpoint, send)
+    assert told and (told[-1].get("code"), close_code) == ("too_large", 1009), told[-1:]
+    assert kyutai_client.words(told), "the words of the audio before the frame are lost"
 
 
 async def test_truncated_opus_pages(endpoint: conftest.Endpoint) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from websockets.asyncio import client as ws_client
 
 from tests.compat import clients, conftest
-from tests.support import kyutai_client
+from tests.support import kyutai_client, streams
 
 AT_ONCE_S = 5.0  # far under the 30 s grace
 
@@ -26,6 +26,25 @@ async def test_a_clean_close_frees_the_slot(endpoint: conftest.Endpoint) -> None
     ws = await _streaming(endpoint)
     await ws.close()
     await clients.used_slots_become(endpoint, 0, AT_ONCE_S)
+
+
+async def test_a_clean_close_while_the_pod_holds_audio_frees_the_slot(
+        endpoint: conftest.Endpoint) -> None:
+    """Kyutai's file client closes as soon as its marker is back, while the pod still
+    holds the silence that it sent to flush the marker: the slot is freed once the pod
+    reaches the close behind that audio, as for any clean close, never kept for a
+    resume (the router used to drop its link to the pod, which the pod read as lost)."""
+    ws = await clients.connect(endpoint)
+    speech = streams.random_speechlike(2.0, seed=6)
+    flush = clients.with_marker(clients.chunked(speech, clients.FRAME), after_seconds=120)
+    sender = asyncio.create_task(clients.send_all(ws, flush))  # far more than it steps
+    try:                                                          # before the marker is back
+        await kyutai_client.until_marker(ws, 0)
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+    await ws.close()
+    await clients.used_slots_become(endpoint, 0, conftest.GRACE_S - 10)
 
 
 async def test_a_browser_close_without_a_code_frees_the_slot(

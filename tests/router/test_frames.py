@@ -52,6 +52,23 @@ def test_a_message_over_the_limit_is_refused_from_its_header() -> None:
     assert scan.forward == ok
 
 
+@given(st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=12))
+def test_a_refused_frames_payload_is_discarded_and_the_close_behind_it_found(
+        cuts: list[int]) -> None:
+    """The rest of a refused client's bytes, read on by a discarding scanner: its refused
+    frame's payload and what follows pass (to be dropped), and its close is found."""
+    scanner = frames.Scanner(True, 1000, frozenset({frames.CLOSE, frames.PONG}))
+    ok = frames.frame(frames.BINARY, b"x" * 10, MASK)
+    big = frames.frame(frames.BINARY, b"y" * 5000, MASK)
+    close = frames.close_frame(1000, mask=MASK)
+    scan = scanner.feed(ok + big[:9])
+    assert scan.fault is frames.Fault.TOO_LARGE and scan.rest == big[:9]
+    flow = scanner.discarding()
+    scans = feed_in(flow, scan.rest + big[9:] + ok + close, cuts)
+    assert [c.opcode for s in scans for c in s.controls] == [frames.CLOSE]
+    assert all(s.fault is frames.Fault.NONE for s in scans)
+
+
 def test_fragments_count_towards_the_limit() -> None:
     scanner = frames.Scanner(True, 100, frozenset())
     head = bytes([0x02, 0x80 | 60]) + MASK + b"z" * 60

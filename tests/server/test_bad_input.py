@@ -7,26 +7,37 @@ marker back afterwards: the server and the other streams carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+import websockets
 from websockets.asyncio import client as ws_client
 
+from asrpool.common import protocol
+from tests.server import conftest
 from tests.support import kyutai_client, servers
 
 Send = Callable[[ws_client.ClientConnection], Awaitable[None]]
 
 
-async def _error_of(ws: ws_client.ClientConnection) -> dict[str, Any]:
-    """The Error the server sends (skipping results), then the close."""
-    while True:
-        message = await kyutai_client.receive(ws, timeout=20)
-        if message["type"] == "Error":
-            await asyncio.wait_for(ws.wait_closed(), 10)
-            return message
+async def _told(ws: ws_client.ClientConnection) -> list[dict[str, Any]]:
+    """Every message the server sends until it closes (Ready already read)."""
+    told: list[dict[str, Any]] = []
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            told.append(await kyutai_client.receive(ws, timeout=20))
+    await asyncio.wait_for(ws.wait_closed(), 10)
+    return told
+
+
+def _error_last(told: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Error, which must be the last message before the close."""
+    assert told and told[-1]["type"] == "Error", [m["type"] for m in told]
+    return told[-1]
 
 
 async def _healthy_round_trip(ws: ws_client.ClientConnection, marker_id: int) -> None:
@@ -47,6 +58,14 @@ async def _keep_talking(ws: ws_client.ClientConnection) -> None:
 
 
 async def _refused(server: servers.ServerProcess, send_bad: Send) -> dict[str, Any]:
+    told, _ = await _told_next_to_a_healthy_stream(server, send_bad)
+    return _error_last(told)
+
+
+async def _told_next_to_a_healthy_stream(
+        server: servers.ServerProcess, send_bad: Send) -> tuple[list[dict[str, Any]], int | None]:
+    """What a stream that sends ``send_bad`` is told, and its close code; a healthy
+    stream on the same server gets its marker back afterwards."""
     async with await kyutai_client.connect(server.ws_url) as good:
         await kyutai_client.expect(good, "Ready")
         talking = asyncio.create_task(_keep_talking(good))
@@ -54,13 +73,14 @@ async def _refused(server: servers.ServerProcess, send_bad: Send) -> dict[str, A
             async with await kyutai_client.connect(server.ws_url) as bad:
                 await kyutai_client.expect(bad, "Ready")
                 await send_bad(bad)
-                error = await _error_of(bad)
+                told = await _told(bad)
+                close_code = bad.close_code
         finally:
             talking.cancel()
             await asyncio.gather(talking, return_exceptions=True)
         await _healthy_round_trip(good, marker_id=42)
     assert server.http_status("/healthz") == 200
-    return error
+    return told, close_code
 
 
 def _sender(*frames: bytes | str) -> Send:
@@ -88,6 +108,16 @@ async def test_unknown_type(idle_server: servers.ServerProcess) -> None:
     assert "Shout" in error["message"]
 
 
+async def test_a_routers_refusal_is_no_message_of_a_client(
+        idle_server: servers.ServerProcess) -> None:
+    """A pod that routers do not front (no pod token) takes a router's refusal of a
+    client's message for what it is from a client: an unknown type."""
+    told = protocol.Refusal("message of 9 bytes exceeds the limit of 8 bytes",
+                            protocol.ErrorCode.TOO_LARGE, protocol.CloseCode.TOO_LARGE)
+    error = await _refused(idle_server, _sender(protocol.router_refusal(told)))
+    assert error["code"] == "unknown_type"
+
+
 async def test_pcm_of_the_wrong_type(idle_server: servers.ServerProcess) -> None:
     bad = msgpack.packb({"type": "Audio", "pcm": "not samples"})
     error = await _refused(idle_server, _sender(bad))
@@ -108,6 +138,21 @@ async def test_frame_larger_than_the_maximum(idle_server: servers.ServerProcess)
     assert len(too_big) > 262_144
     error = await _refused(idle_server, _sender(too_big))
     assert error["code"] == "too_large"
+
+
+async def test_a_frame_over_the_maximum_behind_audio_lets_that_audios_words_out(
+        idle_server: servers.ServerProcess) -> None:
+    """As moshi-server: the results of the audio received before a frame refused from
+    its header still come back, then the Error, then close 1009."""
+    speech = conftest.speechlike(2.0, seed=3)
+    too_big = kyutai_client.audio(np.zeros(80_000, dtype=np.float32))
+    frames = [kyutai_client.audio(speech[i:i + 1920]) for i in range(0, len(speech), 1920)]
+    send = _sender(*frames, kyutai_client.audio(np.zeros(24_000, dtype=np.float32)), too_big)
+
+    told, close_code = await _told_next_to_a_healthy_stream(idle_server, send)
+
+    assert _error_last(told)["code"] == "too_large" and close_code == 1009
+    assert kyutai_client.words(told), "the words of the audio before the frame are lost"
 
 
 async def test_a_kyutai_silence_message_fits_the_default_limit(

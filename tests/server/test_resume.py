@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -142,3 +144,35 @@ async def test_a_resume_takes_over_a_connection_not_yet_seen_dead(
             await new.send(kyutai_client.audio(np.zeros(SECOND, dtype=np.float32)))
             await kyutai_client.until_marker(new, 4)
         resume_server.wait_idle(10)  # one slot all along, freed by the clean close
+
+
+def _end(server: servers.ServerProcess, token: str) -> int:
+    """DELETE /api/asr-streaming for the stream ``token`` names: the HTTP status."""
+    request = urllib.request.Request(server.http_url + "/api/asr-streaming", method="DELETE",
+                                     headers={"asrpool-resume-token": token})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_a_stream_asked_to_end_frees_its_slot_attached_or_kept(
+        resume_server: servers.ServerProcess) -> None:
+    """What a router asks when its client closed but the pod had not read the close:
+    the stream its resume token names ends now, attached or kept for a resume."""
+    attached = await kyutai_client.connect(resume_server.ws_url, RESUMABLE)
+    kept = await kyutai_client.connect(resume_server.ws_url, RESUMABLE)
+    tokens = []
+    for ws in (attached, kept):
+        await kyutai_client.expect(ws, "Ready")
+        assert ws.response is not None
+        tokens.append(ws.response.headers["asrpool-resume-token"])
+    _drop(kept)
+    await asyncio.sleep(0.5)
+    assert resume_server.modules_info()["used_slots"] == 2  # kept for the grace
+    assert [await asyncio.to_thread(_end, resume_server, t) for t in tokens] == [204, 204]
+    await asyncio.wait_for(attached.wait_closed(), 10)
+    assert resume_server.modules_info()["used_slots"] == 0
+    assert await asyncio.to_thread(_end, resume_server, tokens[0]) == 404
+
