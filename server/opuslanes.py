@@ -59,6 +59,7 @@ class Lane:
         self._wake = wake
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._served: dict[int, int] = {}  # slot -> the generation whose stream is here
+        self._failed: dict[int, int] = {}  # slot -> its generation the child failed
         self._child = subprocess.Popen(
             # -P: the working directory is not put on sys.path (a checkout's operator/).
             [sys.executable, "-P", "-m", "asrpool.server.opusworker"],
@@ -72,6 +73,8 @@ class Lane:
     def send_data(self, slot: int, generation: int, data: bytes) -> None:
         """One ``OggOpus`` message of the stream, with its slot's room now and the samples
         of the stream in its buffer so far."""
+        if self._failed.get(slot) == generation:
+            return  # its child failed it: the stream is ending
         now = self._buffers.hand_off(slot, generation, len(data))
         if now is None:  # the stream has ended
             return
@@ -164,6 +167,7 @@ class Lane:
                 self._wake(slot, generation)
 
     def _forget(self, slot: int, generation: int) -> None:
+        self._failed[slot] = generation
         if self._served.get(slot) == generation:
             self._served.pop(slot, None)
         self._buffers.drop_hand_offs(slot, generation)

@@ -89,7 +89,8 @@ class Stream:
     def __init__(self, generation: int) -> None:
         self.generation = generation
         self.credit = Credit()
-        self.failed = False
+        self.failed = False  # told the pod
+        self.doomed = False  # bad bytes wait in the queue: no more are taken
         self._pages = inputs.OggPages()
         self._counter = oggopus.Counter()
         self._reader: Any = None
@@ -99,16 +100,27 @@ class Stream:
         self._settled = 0
 
     def take(self, data: bytes) -> None:
-        """A message's bytes: its whole pages wait, weighed, then its settle; raises
-        :class:`protocol.ProtocolError` for bytes that are not a mono Ogg Opus stream."""
+        """A message's bytes: its whole pages wait, weighed, then its settle. Bytes that
+        are not a mono Ogg Opus stream fail the stream in their place (the audio before
+        them is answered first), and nothing after them is taken."""
+        if self.doomed:
+            return
+        try:
+            for page in self._framed(data):
+                declared = self._counter.page(page) * protocol.SAMPLE_RATE // oggopus.RATE
+                self._waiting.append((DATA, declared, page))
+        except protocol.ProtocolError as exc:  # failed in its place, after the audio before
+            self._waiting.append((FAILED, 0, str(exc).encode()))
+            self.doomed = True
+            return
+        self._waiting.append((_SETTLE, 0, b""))
+
+    def _framed(self, data: bytes) -> list[bytes]:
         first = self._pages.count == 0
         pages = self._pages.feed(data)
         if first and pages:
             inputs.check_opus_head(pages[0])
-        for page in pages:
-            declared = self._counter.page(page) * protocol.SAMPLE_RATE // oggopus.RATE
-            self._waiting.append((DATA, declared, page))
-        self._waiting.append((_SETTLE, 0, b""))
+        return pages
 
     def echo(self, kind: int, payload: bytes) -> None:
         self._waiting.append((kind, 0, payload))
@@ -128,6 +140,8 @@ class Stream:
                     self._decode(payload, declared)
                 elif kind == _SETTLE:
                     self._settled += 1
+                elif kind == FAILED:
+                    raise protocol.ProtocolError(payload.decode(), protocol.ErrorCode.BAD_AUDIO)
                 else:
                     out += [self._flush(slot, True),
                             record(kind, slot, self.generation, payload)]
@@ -184,13 +198,7 @@ class Streams:
             stream = self._stream(slot, generation)
             if stream is None:
                 continue
-            try:
-                self._take(stream, kind, payload)
-            except protocol.ProtocolError as exc:  # the stream's bytes are not Ogg Opus
-                out.append(stream.failure(slot, str(exc)))
-                self._end(slot, stream)
-                due.pop(slot, None)
-                continue
+            self._take(stream, kind, payload)
             due[slot] = stream, kind == ROOM or due.get(slot, (stream, False))[1]
         for slot, (stream, everything) in due.items():
             out.append(stream.pump(slot, everything))

@@ -98,6 +98,12 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
                 await _results_of_received(handle, kick, writer)
         elif kick.done():
             outcome = kick.result()
+            if isinstance(outcome, outcomes.Failed) and outcome.code in _CLIENT_FAULTS:
+                # An Opus lane could not decode the stream's bytes: no more are read, and
+                # the results of the audio before them go out first, as for a bad message.
+                reader.cancel()
+                await _results_of_received(handle, asyncio.get_running_loop().create_future(),
+                                           writer)
         else:  # the writer failed: the connection is gone
             outcome = outcomes.Lost()
         if isinstance(outcome, outcomes.Lost) and framing.send_timed_out(ws.scope):

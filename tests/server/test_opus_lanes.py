@@ -114,6 +114,37 @@ def test_an_undecodable_page_ends_that_stream_only(lanes_pod: servers.ServerProc
     lanes_pod.wait_idle()
 
 
+_SEVEN_SECONDS_PAGE = inputs.OggPages().feed(oggfiles.opus_file(
+    [oggfiles.empty_packet(6)] * 60, 6 * oggfiles.FRAME_20_MS, per_page=60))[-1]
+
+
+@pytest.mark.parametrize("bad", [_SEVEN_SECONDS_PAGE, b"RIFF" + bytes(60)],
+                         ids=["undecodable", "not-ogg"])
+def test_the_results_of_the_audio_before_bad_bytes_come_before_the_error(
+        lanes_pod: servers.ServerProcess, bad: bytes) -> None:
+    """5 s of pages sent at once (more than the slot's cap: the child holds some), then
+    bytes the child cannot decode or frame: a Step for every frame of those 5 s, then
+    the Error, as for a bad message read on the event loop."""
+    pages = clients.opus_pages(np.concatenate([streams.random_speechlike(3.0, seed=9),
+                                               np.zeros(2 * clients.SECOND, np.float32)]))
+
+    async def failing() -> list[dict[str, Any]]:
+        async with await kyutai_client.connect(lanes_pod.ws_url) as ws:
+            await kyutai_client.expect(ws, "Ready")
+            for message in clients.opus_messages(pages):
+                await ws.send(kyutai_client.pack(message))
+            await ws.send(kyutai_client.pack({"type": "OggOpus", "data": bad}))
+            got = []
+            while not got or got[-1]["type"] != "Error":
+                got.append(await kyutai_client.receive(ws))
+            return got
+
+    got = asyncio.run(failing())
+    assert got[-1]["code"] == protocol.ErrorCode.BAD_AUDIO, got[-1]
+    assert [m["type"] for m in got].count("Step") >= 5 * 1000 // 80 - 1
+    lanes_pod.wait_idle()
+
+
 def test_a_dead_decoding_child_ends_its_streams_and_is_started_again(
         lanes_pod: servers.ServerProcess) -> None:
     children = _decoding_children(lanes_pod)
