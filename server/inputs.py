@@ -66,12 +66,12 @@ class OggPages:
         buffer = self._buffer
         if len(buffer) >= 4 and buffer[:4] != b"OggS":
             raise bad_audio(f"OggOpus data after page {self.count} is not an Ogg page "
-                       "(no 'OggS' capture pattern): a truncated page or not Ogg at all")
+                            "(no 'OggS' capture pattern): a truncated page or not Ogg at all")
         size = oggopus.page_size(buffer)
         if size is None or len(buffer) < size:
             if _valid_page_inside(buffer):  # the next page began before this one ended
-                raise bad_audio(f"Ogg page {self.count} is truncated (the next page starts "
-                           "inside it)")
+                raise bad_audio(f"Ogg page {self.count} is truncated (the next page "
+                                "starts inside it)")
             return None
         page = bytes(buffer[:size])
         followed = buffer[size:size + 4] == b"OggS"  # then it cannot be truncated
