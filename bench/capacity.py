@@ -24,7 +24,10 @@ Beside the capacity, the host's and the engine's own ceilings at the capacity ba
 time in a step less the engine's, so that Opus decoded in lanes' children, which the
 step waits for, is not counted as the pod's; ``host_p50_ms`` is the wall-clock share),
 and which of the two binds (the host's work grows with the streams, the engine's less
-than that on a GPU, so these are estimates from one batch).
+than that on a GPU, so these are estimates from one batch). With Opus lanes, the lanes'
+children are a third ceiling: their CPU time per stream (read from ``/proc``, to its
+10 ms tick over the timed steps), the streams that many children would hold with a core
+each.
 
 Writes ``bench/results/capacity-<model>-<device>[-<input>].json`` (``streams_per_gpu``:
 the capacity found) and a PNG of step time against batch with the 80 ms line.
@@ -207,7 +210,7 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
     try:
         with _graphs_mode(settings.graphs):
             pod = PodStep(model, batch, settings.input, settings.warmup + settings.steps)
-            timings = _timed_steps(pod, settings)
+            timings, helpers_s = _timed_steps(pod, settings)
         row |= memory.after_trial(pod.engine.state_nbytes(), batch)
     except torch.cuda.OutOfMemoryError as exc:
         note = f"CUDA out of memory: {devices.first_line(exc)}"
@@ -219,6 +222,9 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
     else:
         row |= _timing_row(timings, settings.max_p99_ms)
         row["host_us_per_stream"] = round(row["host_cpu_p50_ms"] * 1e3 / batch, 2)
+        if pod is not None and pod.intake.helpers_cpu_s():
+            row["helper_processes"] = intake.LANES
+            row["helpers_us_per_stream"] = round(helpers_s * 1e6 / len(timings) / batch, 2)
     finally:
         if pod is not None:
             pod.close()
@@ -244,15 +250,17 @@ def trial_again_if_noisy(model: models.LoadedModel, batch: int, settings: TrialS
 Timings = list[tuple[float, float, float, float]]  # whole, engine, intake, host CPU (s)
 
 
-def _timed_steps(pod: PodStep, settings: TrialSettings) -> Timings:
+def _timed_steps(pod: PodStep, settings: TrialSettings) -> tuple[Timings, float]:
+    """The timed steps, and the CPU seconds the intake's helper processes used in them."""
     for _ in range(settings.warmup):
         pod()
     timings: Timings = []
+    helpers_s = pod.intake.helpers_cpu_s()
     for _ in range(settings.steps):
         timings.append(pod())
         if len(timings) >= 3 and min(t[0] for t in timings) * 1e3 > 5 * settings.max_p99_ms:
             break  # hopeless: every step is five times too slow; stop paying for it
-    return timings
+    return timings, pod.intake.helpers_cpu_s() - helpers_s
 
 
 def _timing_row(timings: Timings, max_p99_ms: float) -> dict[str, Any]:
@@ -447,18 +455,28 @@ def _result(args: argparse.Namespace, device: torch.device, model: models.Loaded
 
 
 def ceilings(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Streams that 80 ms of host work and 80 ms of engine work would each hold, at the
-    rate per stream of ``row`` (the capacity batch), and which is the smaller."""
+    """Streams that 80 ms of host work, 80 ms of engine work and (with Opus lanes) 80 ms
+    of each helper process's work would each hold, at the rate per stream of ``row`` (the
+    capacity batch), and which is the smallest."""
     if row is None:
         return None
     batch = row["batch_size"]
     host_ms = row["host_cpu_p50_ms"]
-    host = FRAME_MS * batch / host_ms if host_ms > 0 else None
-    engine_ = FRAME_MS * batch / row["engine_p50_ms"] if row["engine_p50_ms"] > 0 else None
-    binds = None if host is None or engine_ is None else ("host" if host < engine_ else "engine")
-    return {"at_batch": batch, "host_us_per_stream": row.get("host_us_per_stream"),
-            "host_streams": None if host is None else int(host),
-            "engine_streams": None if engine_ is None else int(engine_), "binds": binds}
+    limits = {"host": FRAME_MS * batch / host_ms if host_ms > 0 else None,
+              "engine": (FRAME_MS * batch / row["engine_p50_ms"]
+                         if row["engine_p50_ms"] > 0 else None)}
+    helpers_us = row.get("helpers_us_per_stream")
+    if helpers_us:
+        limits["helpers"] = FRAME_MS * 1e3 * row["helper_processes"] / helpers_us
+    known = {part: streams for part, streams in limits.items() if streams is not None}
+    binds = min(known, key=known.__getitem__) if len(known) == len(limits) else None
+    result = {"at_batch": batch, "host_us_per_stream": row.get("host_us_per_stream"),
+              **{f"{part}_streams": None if streams is None else int(streams)
+                 for part, streams in limits.items()}, "binds": binds}
+    if helpers_us:
+        result |= {"helpers_us_per_stream": helpers_us,
+                   "helper_processes": row["helper_processes"]}
+    return result
 
 
 def cents_per_audio_hour(price_per_gpu_hour: float, streams: int) -> float | None:
@@ -567,6 +585,10 @@ def print_summary(result: dict[str, Any], json_path: Path, png_path: Path | None
     if limits:
         print(f"  at B={limits['at_batch']}: host {limits['host_us_per_stream']} us per stream"
               f" (ceiling {limits['host_streams']} streams), engine ceiling "
-              f"{limits['engine_streams']} streams: the {limits['binds']} binds")
+              f"{limits['engine_streams']} streams"
+              + (f", {limits['helper_processes']} lanes' children "
+                 f"{limits['helpers_us_per_stream']} us per stream (ceiling "
+                 f"{limits['helpers_streams']} streams)" if "helpers_streams" in limits else "")
+              + f": the {limits['binds']} binds")
     if not result["cuda_graphs"]["applies"]:
         print(f"  {result['cuda_graphs']['note']}")

@@ -10,10 +10,11 @@ same machine, so that load from elsewhere falls on both alike; the earlier tree 
 worktree of REF whose folders are laid out as the installed package (``asrpool.server``
 from ``server/``, ...) and put first on the child's path.
 
-Two figures per step: wall time and the CPU time of the pod's process
+Three figures per step: wall time, the CPU time of the pod's process
 (``time.process_time``, as ``bench capacity`` counts host work: not the time the machine
-gave to other processes, so steadier here). Writes ``hostwork.json`` (medians per side
-and the ratio).
+gave to other processes, so steadier here), and the CPU time of its children (the Opus
+lanes' decoding processes; from ``/proc``, to its 10 ms tick over the timed steps).
+Writes ``hostwork.json`` (medians per side and the ratio).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def measure(model_name: str, kind: str, batch: int, steps: int) -> dict[str, flo
     for _ in range(5):
         pod()
     wall, cpu = [], []
+    helpers_s = children_cpu_s()
     for _ in range(steps):
         started, started_cpu = time.perf_counter(), time.process_time()
         pod.intake.feed(pod.buffers, pod.calls)
@@ -89,9 +91,25 @@ def measure(model_name: str, kind: str, batch: int, steps: int) -> dict[str, flo
         pod.calls += 1
         wall.append(time.perf_counter() - started - engine_wall)
         cpu.append(time.process_time() - started_cpu - engine_cpu)
+    helpers_s = children_cpu_s() - helpers_s
     pod.close()
     return {"wall_us": round(statistics.median(wall) * 1e6 / batch, 2),
-            "cpu_us": round(statistics.median(cpu) * 1e6 / batch, 2)}
+            "cpu_us": round(statistics.median(cpu) * 1e6 / batch, 2),
+            "helpers_cpu_us": round(helpers_s * 1e6 / steps / batch, 2)}
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's live children (an Opus intake's lanes, in either
+    tree: defined here, as this file is always this tree's)."""
+    pids = [int(pid) for task in Path("/proc/self/task").iterdir()
+            for pid in (task / "children").read_text().split()]
+    return sum(process_cpu_s(pid) for pid in pids)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a live process, from ``/proc`` (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # The parent
@@ -152,12 +170,12 @@ def compare(path: Path, opts: argparse.Namespace, log: Path) -> list[dict[str, A
 
 def _row(model: str, kind: str, sides: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     row: dict[str, Any] = {"model": model, "input": kind}
-    for figure in ("wall_us", "cpu_us"):
-        before = statistics.median(run[figure] for run in sides["before"])
-        after = statistics.median(run[figure] for run in sides["after"])
+    for figure in ("wall_us", "cpu_us", "helpers_cpu_us"):
+        before = statistics.median(run.get(figure, 0.0) for run in sides["before"])
+        after = statistics.median(run.get(figure, 0.0) for run in sides["after"])
         row[figure] = {"before": before, "after": after,
                        "after_over_before": round(after / before, 3) if before else None,
-                       "runs": {side: [run[figure] for run in runs]
+                       "runs": {side: [run.get(figure, 0.0) for run in runs]
                                 for side, runs in sides.items()}}
     return row
 

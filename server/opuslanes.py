@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import queue
 import struct
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from typing import IO
 
 import numpy as np
 
@@ -42,7 +44,8 @@ Failure = Callable[[int, int, str], None]  # slot, generation, reason
 Wake = Callable[[int, int], None]  # slot, generation: its messages settled
 MAX_BYTES_IN_FLIGHT = 1 << 20  # a stream's bytes in its child before it is read no more
 _MARKER_ID = struct.Struct("<q")
-_BATCH = 4096  # records in one write at most
+_PIPE_BYTES = 1 << 20  # each pipe's kernel buffer: a step's answers in a few reads
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux's, named in Python 3.10+
 
 
 class Lane:
@@ -57,13 +60,18 @@ class Lane:
         self._report = report  # these three are called from the reader thread
         self._on_lost = on_lost
         self._wake = wake
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._outbox = bytearray()  # records not yet written to the child
+        self._outbox_lock = threading.Lock()
+        self._doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung: outbox filled
+        self._closing = False
         self._served: dict[int, int] = {}  # slot -> the generation whose stream is here
         self._failed: dict[int, int] = {}  # slot -> its generation the child failed
         self._child = subprocess.Popen(
             # -P: the working directory is not put on sys.path (a checkout's operator/).
             [sys.executable, "-P", "-m", "asrpool.server.opusworker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for pipe in (self._child.stdin, self._child.stdout):
+            _widen(pipe)
         self._threads = [
             threading.Thread(target=self._write, name=f"opus-lane-{index}-w", daemon=True),
             threading.Thread(target=self._read, name=f"opus-lane-{index}-r", daemon=True)]
@@ -80,31 +88,50 @@ class Lane:
             return
         buffered, received = now
         self._served[slot] = generation
-        self._outbox.put(opusworker.DATA_HEAD.pack(
+        head = opusworker.DATA_HEAD.pack(
             opusworker.DATA, slot, generation, opusworker.ROOM_FIELDS.size + len(data),
-            max(self._cap - buffered, 0), received) + data)
+            max(self._cap - buffered, 0), received)
+        with self._outbox_lock:
+            ring = not self._outbox  # else the writer was rung and has not taken it yet
+            self._outbox += head
+            self._outbox += data
+        if ring:
+            self._doorbell.put(None)
 
     def send_room(self, slot: int, generation: int) -> None:
         """The slot's room now: its child decodes what that allows and answers with all
         it has decoded (a stream's audio short of a frame waits there otherwise)."""
         buffered, received = self._buffers.buffered_and_received(slot)
-        self._outbox.put(opusworker.record(opusworker.ROOM, slot, generation,
-                                           opusworker.ROOM_FIELDS.pack(
-                                               max(self._cap - buffered, 0), received)))
+        self._send(opusworker.record(opusworker.ROOM, slot, generation,
+                                     opusworker.ROOM_FIELDS.pack(
+                                         max(self._cap - buffered, 0), received)))
 
     def send_marker(self, slot: int, generation: int, marker_id: int) -> None:
-        self._outbox.put(opusworker.record(opusworker.MARKER, slot, generation,
-                                           _MARKER_ID.pack(marker_id)))
+        self._send(opusworker.record(opusworker.MARKER, slot, generation,
+                                     _MARKER_ID.pack(marker_id)))
 
     def send_init(self, slot: int, generation: int) -> None:
-        self._outbox.put(opusworker.record(opusworker.INIT, slot, generation))
+        self._send(opusworker.record(opusworker.INIT, slot, generation))
+
+    def _send(self, record: bytes) -> None:
+        with self._outbox_lock:
+            ring = not self._outbox
+            self._outbox += record
+        if ring:
+            self._doorbell.put(None)
+
+    @property
+    def pid(self) -> int:
+        """The decoding child's process id."""
+        return self._child.pid
 
     def full(self, slot: int, generation: int) -> bool:
         """Whether the stream has :data:`MAX_BYTES_IN_FLIGHT` waiting in the child."""
         return self._buffers.bytes_handed_off(slot, generation) >= MAX_BYTES_IN_FLIGHT
 
     def close(self, timeout: float = 5.0) -> None:
-        self._outbox.put(None)
+        self._closing = True
+        self._doorbell.put(None)
         for thread in self._threads:
             thread.join(timeout)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -114,23 +141,26 @@ class Lane:
             self._child.wait()
 
     def _write(self) -> None:
-        """Everything queued since the last write, in one write (None: stop)."""
+        """Everything queued since the last write, in one write, until closed."""
         stdin = self._child.stdin
         assert stdin is not None
-        stopping = False
         try:
-            while not stopping:
-                batch = [self._outbox.get()]
-                with contextlib.suppress(queue.Empty):
-                    while len(batch) < _BATCH and batch[-1] is not None:
-                        batch.append(self._outbox.get_nowait())
-                stopping = batch[-1] is None
-                stdin.write(b"".join(record for record in batch if record is not None))
+            while batch := self._next_batch():
+                stdin.write(batch)
                 stdin.flush()
         except OSError:  # the child died: the reader tells its streams
             self.lost = True
         with contextlib.suppress(OSError):
             stdin.close()
+
+    def _next_batch(self) -> bytearray:
+        """The records queued (waiting for some); empty once closing and all written."""
+        while True:
+            with self._outbox_lock:
+                batch, self._outbox = self._outbox, bytearray()
+            if batch or self._closing:
+                return batch
+            self._doorbell.get()
 
     def _read(self) -> None:
         stdout = self._child.stdout
@@ -183,6 +213,14 @@ class Lane:
         self._on_lost(self.index)
 
 
+def _widen(pipe: IO[bytes] | None) -> None:
+    """A pipe to or from a child holds :data:`_PIPE_BYTES` (fewer, larger reads and
+    writes); the system's default where it refuses."""
+    if pipe is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+
+
 class OpusLanes:
     """``workers`` lanes; a slot always uses the same one (its decoder lives there)."""
 
@@ -205,6 +243,10 @@ class OpusLanes:
         room (a message not wholly in, half its buffer full or more) hears its room."""
         for slot, generation in self._buffers.unsettled(self._cap // 2):
             self.lane(slot).send_room(slot, generation)
+
+    def pids(self) -> list[int]:
+        """The decoding children's process ids, lane by lane."""
+        return [lane.pid for lane in self._lanes]
 
     def lane(self, slot: int) -> Lane:
         lane = self._lanes[slot % len(self._lanes)]

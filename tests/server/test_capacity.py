@@ -155,3 +155,14 @@ def test_ceilings_say_which_part_binds() -> None:
                                       "binds": "engine"}
     assert capacity.ceilings(row | {"host_cpu_p50_ms": 50.0})["binds"] == "host"
     assert capacity.ceilings(None) is None
+
+
+def test_lanes_children_are_a_third_ceiling() -> None:
+    """Two children at 100 us per stream each hold 80 ms / 100 us streams: 1,600."""
+    row = {"batch_size": 100, "host_cpu_p50_ms": 2.0, "engine_p50_ms": 4.0,
+           "host_us_per_stream": 20.0, "helpers_us_per_stream": 100.0, "helper_processes": 2}
+    limits = capacity.ceilings(row)
+    assert limits is not None
+    assert (limits["host_streams"], limits["engine_streams"], limits["helpers_streams"],
+            limits["binds"]) == (4000, 2000, 1600, "helpers")
+    assert capacity.ceilings(row | {"helpers_us_per_stream": 20.0})["binds"] == "engine"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from asrpool.bench import hostwork
@@ -28,4 +30,23 @@ def test_bench_hostwork_compares_two_trees_and_leaves_no_worktree(tmp_path: Path
         for figure in ("wall_us", "cpu_us"):
             assert row[figure]["before"] > 0 and row[figure]["after"] > 0
             assert row[figure]["after_over_before"] is not None
+        assert row["helpers_cpu_us"]["after"] == 0  # no lanes: no children at work
     assert _worktrees() == before
+
+
+def test_children_cpu_counts_a_busy_child_and_not_an_idle_one() -> None:
+    """A child that spins for 0.3 s of CPU shows it; one that sleeps shows none."""
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.3"
+                             "\nwhile time.process_time() < end: pass\ntime.sleep(30)"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = time.monotonic()
+        while hostwork.process_cpu_s(busy.pid) < 0.3 and time.monotonic() - started < 20:
+            time.sleep(0.05)
+        assert hostwork.process_cpu_s(busy.pid) >= 0.3
+        assert hostwork.process_cpu_s(idle.pid) < 0.2  # its interpreter's start alone
+        assert hostwork.children_cpu_s() >= 0.3
+    finally:
+        for child in (busy, idle):
+            child.kill()
+            child.wait()
