@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from moshi.utils import compile as moshi_compile
 
-from asrpool.bench import devices, intake
+from asrpool.bench import devices, intake, sockets
 from asrpool.server import engine, engine_loop, models, sessions, slots
 
 FRAME_MS = 80.0
@@ -222,7 +222,9 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
     else:
         row |= _timing_row(timings, settings.max_p99_ms)
         row["host_us_per_stream"] = round(row["host_cpu_p50_ms"] * 1e3 / batch, 2)
-        if pod is not None and pod.intake.helpers_cpu_s():
+        assert pod is not None  # the trial ran
+        row |= _messages_row(pod)
+        if pod.intake.helpers_cpu_s():
             row["helper_processes"] = intake.LANES
             row["helpers_us_per_stream"] = round(helpers_s * 1e6 / len(timings) / batch, 2)
     finally:
@@ -231,6 +233,28 @@ def trial(model: models.LoadedModel, batch: int, settings: TrialSettings,
         del pod
         memory.release()
     return row
+
+
+def _messages_row(pod: PodStep) -> dict[str, Any]:
+    """Each stream's messages per step both ways and their sizes (what the websocket
+    layer handles: ``sockets``)."""
+    history = [len(message) for stream in pod.streams for message in stream.history]
+    sent = sum(stream.sent for stream in pod.streams)
+    return {"messages_in_per_stream_step": pod.intake.messages_per_step,
+            "message_in_bytes": pod.intake.message_bytes,
+            "messages_out_per_stream_step": round(sent / pod.calls / len(pod.streams), 3),
+            "message_out_bytes": sorted(history)[len(history) // 2] if history else 0}
+
+
+def with_sockets(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``row`` with what its messages cost the pod's websocket layer per stream-step
+    (``bench/sockets.py``, measured now): the host work ``bench capacity`` leaves out."""
+    if row is None or "messages_in_per_stream_step" not in row:
+        return row
+    costs = sockets.socket_costs(row["message_in_bytes"], max(row["message_out_bytes"], 1))
+    per_stream = (row["messages_in_per_stream_step"] * costs["receive_us"]
+                  + row["messages_out_per_stream_step"] * costs["send_us"])
+    return row | {"sockets": costs, "socket_us_per_stream": round(per_stream, 2)}
 
 
 def trial_again_if_noisy(model: models.LoadedModel, batch: int, settings: TrialSettings,
@@ -434,8 +458,8 @@ def _result(args: argparse.Namespace, device: torch.device, model: models.Loaded
     main_mode = True if True in searches else next(iter(searches))
     capacity = searches[main_mode].capacity
     rows = [row for found in searches.values() for row in found.rows]
-    at_capacity = next((r for r in searches[main_mode].rows
-                        if r["batch_size"] == capacity and r["passed"]), None)
+    at_capacity = with_sockets(next((r for r in searches[main_mode].rows
+                                     if r["batch_size"] == capacity and r["passed"]), None))
     return {
         "benchmark": "capacity", "model": args.model, "device": device.type,
         "device_name": _device_name(device), "dtype": str(models.default_dtype(device)),
@@ -476,6 +500,13 @@ def ceilings(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if helpers_us:
         result |= {"helpers_us_per_stream": helpers_us,
                    "helper_processes": row["helper_processes"]}
+    socket_us = row.get("socket_us_per_stream")
+    if socket_us is not None and row.get("host_us_per_stream"):
+        # One event loop does both: the host work and the websocket layer.
+        whole = row["host_us_per_stream"] + socket_us
+        result |= {"socket_us_per_stream": socket_us,
+                   "host_with_sockets_us_per_stream": round(whole, 2),
+                   "host_with_sockets_streams": int(FRAME_MS * 1e3 / whole)}
     return result
 
 
@@ -590,5 +621,10 @@ def print_summary(result: dict[str, Any], json_path: Path, png_path: Path | None
                  f"{limits['helpers_us_per_stream']} us per stream (ceiling "
                  f"{limits['helpers_streams']} streams)" if "helpers_streams" in limits else "")
               + f": the {limits['binds']} binds")
+        if "socket_us_per_stream" in limits:
+            print(f"  the websocket layer adds {limits['socket_us_per_stream']} us per stream "
+                  f"(bench/sockets.py): host with sockets "
+                  f"{limits['host_with_sockets_us_per_stream']} us, ceiling "
+                  f"{limits['host_with_sockets_streams']} streams on one event loop")
     if not result["cuda_graphs"]["applies"]:
         print(f"  {result['cuda_graphs']['note']}")

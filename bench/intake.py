@@ -39,6 +39,9 @@ _LANE_ROOM = 10 * protocol.SAMPLE_RATE  # a slot's buffer, as a pod's default
 
 
 class Intake(Protocol):
+    messages_per_step: float  # each stream's messages per 80 ms step
+    message_bytes: int  # their size (the median)
+
     def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
         """Every stream's messages of one step, into its slot's buffer."""
 
@@ -77,6 +80,8 @@ class PcmIntake:
                                    use_single_float=True)  # as Kyutai's clients send it
                      for chunk in audio]
         self.filled = False
+        self.messages_per_step = 1 / frames
+        self.message_bytes = len(self.bank[0])
 
     def close(self) -> None:
         pass
@@ -110,6 +115,8 @@ class OpusIntake:
         pages[:3] = [b"".join(pages[:3])]  # the headers go with the first audio page
         self.bank = [msgpack.packb({"type": "OggOpus", "data": page}) for page in pages]
         self.inputs = [inputs.StreamInput() for _ in range(batch)]
+        self.messages_per_step = float(self.per_step)
+        self.message_bytes = sorted(len(message) for message in self.bank)[len(self.bank) // 2]
 
     def close(self) -> None:
         pass

@@ -99,6 +99,14 @@ def test_tiny_run_writes_json_and_png(tmp_path: Path) -> None:
     assert "gpu_peak_allocated_bytes" not in row
     assert result["memory"]["source"] == "engine.state_nbytes()"
     assert (tmp_path / "capacity-tiny-cpu.png").read_bytes()[:4] == b"\x89PNG"
+    # The capacity batch's messages, and what the websocket layer adds for them.
+    assert row["messages_in_per_stream_step"] == 1 and row["message_in_bytes"] > 7680
+    assert row["messages_out_per_stream_step"] >= 1 and row["message_out_bytes"] > 0
+    limits = result["ceilings"]
+    assert limits["socket_us_per_stream"] > 0
+    assert limits["host_with_sockets_us_per_stream"] == pytest.approx(
+        limits["host_us_per_stream"] + limits["socket_us_per_stream"], abs=0.02)
+    assert limits["host_with_sockets_streams"] < limits["host_streams"]
 
 
 def test_a_trial_runs_the_servers_slots_and_sessions() -> None:
@@ -166,3 +174,13 @@ def test_lanes_children_are_a_third_ceiling() -> None:
     assert (limits["host_streams"], limits["engine_streams"], limits["helpers_streams"],
             limits["binds"]) == (4000, 2000, 1600, "helpers")
     assert capacity.ceilings(row | {"helpers_us_per_stream": 20.0})["binds"] == "engine"
+
+
+def test_the_websocket_layer_is_added_to_the_hosts_work() -> None:
+    """One event loop does both: 20 us of host work and 20 us of sockets hold 2,000."""
+    row = {"batch_size": 100, "host_cpu_p50_ms": 2.0, "engine_p50_ms": 1.0,
+           "host_us_per_stream": 20.0, "socket_us_per_stream": 20.0}
+    limits = capacity.ceilings(row)
+    assert limits is not None
+    assert (limits["host_streams"], limits["host_with_sockets_us_per_stream"],
+            limits["host_with_sockets_streams"]) == (4000, 40.0, 2000)
