@@ -20,14 +20,17 @@ it bounds the search. On CUDA the search runs with moshi's CUDA graphs on (as th
 server runs) and again with them off; on the CPU graphs do not apply.
 
 Beside the capacity, the host's and the engine's own ceilings at the capacity batch:
-80 ms over each one's time per stream (``host_us_per_stream``: the pod process's CPU
-time in a step less the engine's, so that Opus decoded in lanes' children, which the
-step waits for, is not counted as the pod's; ``host_p50_ms`` is the wall-clock share),
-and which of the two binds (the host's work grows with the streams, the engine's less
+80 ms over each one's time per stream (``host_us_per_stream``: the CPU time of the
+pod's threads in a step less the engine's, so that Opus decoded in lanes' children,
+which the step waits for, is not counted as the pod's, nor torch's worker threads,
+which spin a while after each op; ``host_p50_ms`` is the wall-clock share), and which
+of the two binds (the host's work grows with the streams, the engine's less
 than that on a GPU, so these are estimates from one batch). With Opus lanes, the lanes'
 children are a third ceiling: their CPU time per stream (read from ``/proc``, to its
 10 ms tick over the timed steps), the streams that many children would hold with a core
-each.
+each. And since the step leaves socket I/O out, what the pod's websocket layer costs for
+the capacity batch's messages (``bench/sockets.py``) is added to the host work, as the
+ceiling of one event loop doing both.
 
 Writes ``bench/results/capacity-<model>-<device>[-<input>].json`` (``streams_per_gpu``:
 the capacity found) and a PNG of step time against batch with the 80 ms line.
@@ -46,6 +49,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,22 +176,35 @@ class PodStep:
 
     def __call__(self) -> tuple[float, float, float, float]:
         """One step; seconds (whole, engine step, intake: decoding and buffering audio,
-        and the process's CPU time less the engine's: its host work)."""
-        started, started_cpu = time.perf_counter(), time.process_time()
+        and its host work: the CPU time of the pod's threads less the engine's)."""
+        started, started_cpu = time.perf_counter(), pod_threads_cpu_s()
         self.intake.feed(self.buffers, self.calls)
         intake_s = time.perf_counter() - started
         taken = self.buffers.take()
         assert taken is not None
-        engine_cpu = time.process_time()
+        engine_cpu = time.thread_time()
         output = engine_loop.run_batch(self.engine, taken)
-        engine_cpu = time.process_time() - engine_cpu
+        engine_cpu = time.thread_time() - engine_cpu
         self.sessions.deliver(output)
         for stream in self.streams:
             while stream.outbox:
                 stream.mark_sent()
         self.calls += 1
-        host_cpu = time.process_time() - started_cpu - engine_cpu
+        host_cpu = pod_threads_cpu_s() - started_cpu - engine_cpu
         return time.perf_counter() - started, output.duration, intake_s, host_cpu
+
+
+def pod_threads_cpu_s() -> float:
+    """CPU seconds of this process's Python threads: the one running the pod's step and
+    any the pod started (Opus lanes' readers and writers). Not torch's own worker
+    threads, which run the engine's ops and spin a while after each, on any step."""
+    total = time.thread_time()
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and thread.ident is not None:
+            with contextlib.suppress(OSError, ProcessLookupError):  # it has just ended
+                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return total
 
 
 @dataclasses.dataclass(frozen=True)

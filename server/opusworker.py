@@ -301,7 +301,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    serve(sys.stdin.fileno(), sys.stdout.fileno())
+    try:
+        serve(sys.stdin.fileno(), sys.stdout.fileno())
+    except BrokenPipeError:  # the pod is gone: nobody is left to answer
+        return 0
     return 0
 
 
