@@ -9,9 +9,10 @@ then for Opus the stream's own decoder (``server.inputs``), then the slot's buff
 - ``pcm-1s``: one ``Audio`` message of 12 frames (0.96 s) every 12 steps, the streams
   staggered so that each step takes a twelfth of them;
 - ``opus``: ``OggOpus`` messages of one page each as sphn's stream writer cuts them
-  (40 ms: two per step), each stream with its own decoder over one Ogg stream;
-- ``opus-20ms``: the same audio in pages of one 20 ms packet each (four per step), as
-  browsers' recorders send it: the costliest way to send Opus;
+  (a 40 ms packet of two 20 ms frames per page: two per step), each stream with its own
+  decoder over one Ogg stream;
+- ``opus-20ms``: the same frames one to a packet and a page (four per step), as an
+  encoder set to 20 ms and browsers' recorders send them: the costliest way to send Opus;
 - ``opus-lanes``, ``opus-20ms-lanes``: those messages handed to the pod's Opus lanes
   (``server.opuslanes``, ``LANES`` children) as ``--opus-workers`` does: the step waits
   for their answers, but only the pod's own CPU counts as its host work.
@@ -163,8 +164,10 @@ def _split_pages(data: bytes) -> list[bytes]:
 
 
 def _one_packet_pages(pages: list[bytes]) -> list[bytes]:
-    """The same Ogg Opus stream, its audio one packet to a page."""
-    packets = [packet for page in pages[2:] for packet in _packets(page)]
+    """The same Ogg Opus stream as an encoder set to 20 ms sends it: sphn's 40 ms packets
+    (two 20 ms frames each) split into packets of one frame, one packet to a page."""
+    packets = [frame for page in pages[2:] for packet in _packets(page)
+               for frame in oggfiles.single_frames(packet)]
     return _split_pages(oggfiles.opus_file(packets, oggfiles.FRAME_20_MS, per_page=1))
 
 
@@ -186,7 +189,11 @@ def _packets(page: bytes) -> list[bytes]:
 class LanedOpusIntake(OpusIntake):
     """:class:`OpusIntake`'s messages handed to Opus lanes, as a pod with
     ``--opus-workers`` does; a step's feed returns once every stream has a frame
-    buffered."""
+    buffered. Each step sends the messages of the step after it (the first, two steps'):
+    a child answers a stream by whole frames and Opus's pre-skip leaves each stream's
+    decoded audio short of its last frame by a little, so a step fed only its own
+    messages would wait on every stream for the pod's ``ROOM`` (a pod's engine steps
+    whichever streams have a frame and waits on none)."""
 
     def __init__(self, batch: int, steps: int, one_packet_pages: bool = False) -> None:
         super().__init__(batch, steps, one_packet_pages)
@@ -209,13 +216,17 @@ class LanedOpusIntake(OpusIntake):
             self._lanes = opuslanes.OpusLanes(LANES, buffers, _LANE_ROOM, self._loop,
                                               self._failed)
             self._generations = [buffers.generation(slot) for slot in range(self.batch)]
-        for data in self.messages(step):
+            self._send(self.messages(step), self._lanes)
+        self._send(self.messages(step + 1), self._lanes)
+        self._wait_for_frames(buffers, self._lanes)
+
+    def _send(self, messages: list[bytes], lanes: opuslanes.OpusLanes) -> None:
+        for data in messages:
             for slot, stream in enumerate(self.inputs):  # as a stream's Handle does
                 message = protocol.decode_client(data)
                 assert message["type"] == "OggOpus"
                 stream.claim("OggOpus")
-                self._lanes.lane(slot).send_data(slot, self._generations[slot], message["data"])
-        self._wait_for_frames(buffers, self._lanes)
+                lanes.lane(slot).send_data(slot, self._generations[slot], message["data"])
 
     def _wait_for_frames(self, buffers: slots.SlotBuffers, lanes: opuslanes.OpusLanes) -> None:
         """Until every stream has a frame buffered. A child sends a stream's audio once

@@ -23,6 +23,28 @@ OPUS_HEAD = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 312, protocol.SAMPLE_RATE
 OPUS_TAGS = b"OpusTags" + struct.pack("<I", 7) + b"asrpool" + struct.pack("<I", 0)
 
 
+def single_frames(packet: bytes) -> list[bytes]:
+    """An Opus packet of one or two frames (RFC 6716, 3.2: codes 0, 1 and 2) as packets of
+    one frame each (code 0, the same TOC configuration): what an encoder set to 20 ms
+    would have sent for sphn's 40 ms packets. The frames decode to the same samples."""
+    toc, code = packet[0], packet[0] & 3
+    if code == 0:
+        return [packet]
+    if code == 1:  # two frames of equal size
+        if (len(packet) - 1) % 2:
+            raise ValueError("a code 1 Opus packet with an odd payload")
+        half = (len(packet) - 1) // 2
+        frames = [packet[1:1 + half], packet[1 + half:]]
+    elif code == 2:  # two frames, the first's size in one or two bytes
+        size, at = packet[1], 2
+        if size >= 252:
+            size, at = size + 4 * packet[2], 3
+        frames = [packet[at:at + size], packet[at + size:]]
+    else:
+        raise ValueError("an Opus packet of code 3 (several frames) is not split here")
+    return [bytes([toc & ~3 & 0xff]) + frame for frame in frames]
+
+
 def page(packets: Sequence[bytes], sequence: int, granule: int, flags: int = 0) -> bytes:
     """One Ogg page holding whole ``packets`` (each under 255 bytes), its CRC set."""
     lacing = bytes(len(packet) for packet in packets)

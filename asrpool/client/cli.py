@@ -21,6 +21,9 @@ def _add_stream(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     parser.add_argument("--api-key", default=None, help="sent as the kyutai-api-key header")
     parser.add_argument("--json", action="store_true", help="one JSON message per line")
     parser.add_argument("--mic", action="store_true", help="stream the default microphone")
+    parser.add_argument("--opus", action="store_true",
+                        help="send the audio as Ogg Opus pages (OggOpus messages), as "
+                        "browsers do, instead of PCM")
     parser.set_defaults(handler=_stream)
 
 

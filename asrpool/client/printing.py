@@ -21,6 +21,8 @@ def stream_file(args: argparse.Namespace) -> int:
     except audio.AudioFileError as exc:
         return _fail(str(exc))
     messages = audio.kyutai_file_messages(pcm, marker_id=streaming.MARKER_ID)
+    if args.opus:
+        messages = streaming.as_opus(messages)
     total = len(pcm) + 6 * protocol.SAMPLE_RATE  # the file plus the silences before the marker
     with _progress(args.json) as progress:
         task = progress.add_task("streaming", total=total)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -91,16 +91,43 @@ def _status_message(status: int) -> str:
     return f"the server refused the websocket upgrade (HTTP {status})"
 
 
+def as_opus(messages: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The same stream with its audio as one Ogg Opus stream: each ``Audio`` message
+    becomes an ``OggOpus`` message of the pages its samples completed (the encoder
+    holds back what does not yet fill a page: audio before a marker may follow it by a
+    page, as from any Opus sender). Each carries ``samples``, the audio it stands for,
+    which pacing counts and the sender drops."""
+    import sphn
+
+    writer = sphn.OpusStreamWriter(protocol.SAMPLE_RATE)
+    samples = 0
+    for message in messages:
+        if message["type"] != "Audio":
+            yield message
+            continue
+        pcm = np.asarray(message["pcm"], dtype=np.float32)
+        samples += len(pcm)
+        data = bytes(writer.append_pcm(pcm))
+        if data:
+            yield {"type": "OggOpus", "data": data, "samples": samples}
+            samples = 0
+
+
 async def _send_paced(ws: Any, messages: Iterable[dict[str, Any]], rtf: float,
                       on_sent: Callable[[int], None]) -> None:
     start, sent_seconds = time.monotonic(), 0.0
     for message in messages:
         body = dict(message)
+        samples = 0
         if body["type"] == "Audio":
             pcm = np.asarray(body["pcm"], dtype=np.float32)
             body["pcm"] = pcm.tolist()
-            sent_seconds += len(pcm) / protocol.SAMPLE_RATE
-            on_sent(len(pcm))
+            samples = len(pcm)
+        elif body["type"] == "OggOpus":
+            samples = body.pop("samples", 0)
+        if samples:
+            sent_seconds += samples / protocol.SAMPLE_RATE
+            on_sent(samples)
         try:
             await ws.send(msgpack.packb(body, use_bin_type=True))
         except ConnectionClosed:

@@ -164,3 +164,24 @@ async def test_stream_reports_a_busy_pool(tmp_path: Path) -> None:
             result = await asyncio.to_thread(_asrpool, "stream", server.ws_url, str(SAMPLE))
     assert result.returncode == 1
     assert result.stderr.strip() == "asrpool stream: server error: no free channels"
+
+
+def test_stream_sends_opus_and_a_pod_with_lanes_hears_what_one_without_does(
+        tmp_path: Path) -> None:
+    """`asrpool stream --opus` sends the file as Ogg Opus pages; a pod decoding them in
+    its Opus lanes' children gives the same words, at the same times, as a pod decoding
+    them on its event loop (the lanes decode to the same samples)."""
+    transcripts = []
+    for index, extra in enumerate(([], ["--opus-workers", "2"])):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        with servers.ServerProcess(workdir, batch_size=1, args=extra) as server:
+            server.wait_ready()
+            result = _asrpool("stream", server.ws_url, str(SAMPLE), "--opus", "--json",
+                              "--rtf", "8")
+        assert result.returncode == 0, result.stderr
+        messages = [json.loads(line) for line in result.stdout.splitlines()]
+        assert not [m for m in messages if m["type"] == "Error"]
+        transcripts.append([m for m in messages if m["type"] in ("Word", "EndWord")])
+    assert transcripts[0], "no words from the Opus stream"
+    assert transcripts[0] == transcripts[1]
