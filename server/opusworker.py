@@ -34,6 +34,7 @@ may, and answers in one write; it exits at the end of its input.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import struct
@@ -301,10 +302,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
+    with contextlib.suppress(BrokenPipeError):  # the pod is gone: nobody is left to answer
         serve(sys.stdin.fileno(), sys.stdout.fileno())
-    except BrokenPipeError:  # the pod is gone: nobody is left to answer
-        return 0
     return 0
 
 

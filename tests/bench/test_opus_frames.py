@@ -6,19 +6,20 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from asrpool.bench import intake, oggfiles
 from asrpool.server import inputs
 
 
-def decoded(bank: list[bytes]) -> np.ndarray:
+def decoded(bank: list[bytes]) -> NDArray[np.float32]:
     decoder = inputs.StreamInput().opus_decoder()
     return np.concatenate([decoder.decode(msgpack.unpackb(message)["data"], 10**9)
                            for message in bank])
 
 
 def test_20_ms_pages_are_four_per_step_and_decode_to_the_40_ms_pages_samples() -> None:
-    forty, twenty = intake.build("opus", 1, 12), intake.build("opus-20ms", 1, 12)
+    forty, twenty = intake.OpusIntake(1, 12), intake.OpusIntake(1, 12, one_packet_pages=True)
     assert (forty.messages_per_step, twenty.messages_per_step) == (2, 4)
     for message in twenty.bank[1:]:  # the first carries the headers
         data = msgpack.unpackb(message)["data"]
