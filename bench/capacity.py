@@ -521,7 +521,7 @@ def ceilings(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if socket_us is not None and row.get("host_us_per_stream"):
         # One event loop does both: the host work and the websocket layer.
         whole = row["host_us_per_stream"] + socket_us
-        result |= {"socket_us_per_stream": socket_us,
+        result |= {"socket_us_per_stream": socket_us, "sockets": row.get("sockets"),
                    "host_with_sockets_us_per_stream": round(whole, 2),
                    "host_with_sockets_streams": int(FRAME_MS * 1e3 / whole)}
     return result

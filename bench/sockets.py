@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import socket
 import time
 from multiprocessing import queues
 from typing import Any
 
 from websockets.sync import client as ws_client
+
+from asrpool.common import processes
 
 _START_TIMEOUT_S = 30.0
 
@@ -32,12 +33,11 @@ def socket_costs(message_bytes: int, reply_bytes: int, count: int = 5000) -> dic
     message, reply = os.urandom(message_bytes), os.urandom(reply_bytes)
     context = multiprocessing.get_context("spawn")
     results: queues.Queue[Any] = context.Queue()
-    server = context.Process(target=_serve, args=(count, reply, results), daemon=True)
+    port = processes.free_port()
+    server = context.Process(target=_serve, args=(port, count, reply, results), daemon=True)
     server.start()
     try:
-        port = results.get(timeout=_START_TIMEOUT_S)
-        with ws_client.connect(f"ws://127.0.0.1:{port}/", compression=None, max_size=None,
-                               open_timeout=_START_TIMEOUT_S) as websocket:
+        with _connect(port) as websocket:
             for _ in range(count):
                 websocket.send(message)
             for _ in range(count):
@@ -53,7 +53,20 @@ def socket_costs(message_bytes: int, reply_bytes: int, count: int = 5000) -> dic
             "message_bytes": message_bytes, "reply_bytes": reply_bytes, "messages": count}
 
 
-def _serve(count: int, reply: bytes, results: queues.Queue[Any]) -> None:
+def _connect(port: int) -> ws_client.ClientConnection:
+    """The child's server, once it listens."""
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while True:
+        try:
+            return ws_client.connect(f"ws://127.0.0.1:{port}/", compression=None,
+                                     max_size=None, open_timeout=_START_TIMEOUT_S)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _serve(port: int, count: int, reply: bytes, results: queues.Queue[Any]) -> None:
     """The child: one websocket, ``count`` messages in, ``count`` replies out."""
     import uvicorn
 
@@ -75,11 +88,7 @@ def _serve(count: int, reply: bytes, results: queues.Queue[Any]) -> None:
         await receive()  # the client's close
         server.should_exit = True
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)  # the client may connect before the server accepts
-    config = uvicorn.Config(app, lifespan="off", log_level="warning",
-                            **limits.uvicorn_options(limits.Limits()))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
+                            log_level="warning", **limits.uvicorn_options(limits.Limits()))
     server = uvicorn.Server(config)
-    results.put(listener.getsockname()[1])
-    asyncio.run(server.serve(sockets=[listener]))
+    asyncio.run(server.serve())

@@ -49,9 +49,13 @@ class Platform:
         return self.pod.ws_url if name == "pod" else self.router.ws_url
 
     def wait_settled(self, timeout: float = 30.0) -> None:
-        """No slot used, no session of the router left in Redis."""
+        """No slot used, no session of the router left in Redis, and no stream counted
+        against the API key (a released session drops its key's count just after its
+        record, in a call of its own: a test that reads the count at once may see it)."""
         self.pod.wait_idle(timeout)
         support.wait_until(lambda: not self.sessions(), timeout, "the sessions to be released")
+        support.wait_until(lambda: not self.key_streams(), timeout,
+                           "the API key's streams to be released")
 
     def sessions(self) -> list[str]:
         client = self.redis.client()

@@ -107,6 +107,11 @@ def test_tiny_run_writes_json_and_png(tmp_path: Path) -> None:
     assert limits["host_with_sockets_us_per_stream"] == pytest.approx(
         limits["host_us_per_stream"] + limits["socket_us_per_stream"], abs=0.02)
     assert limits["host_with_sockets_streams"] < limits["host_streams"]
+    measured = limits["sockets"]  # what it was computed from
+    assert measured["message_bytes"] == row["message_in_bytes"]
+    assert limits["socket_us_per_stream"] == pytest.approx(
+        row["messages_in_per_stream_step"] * measured["receive_us"]
+        + row["messages_out_per_stream_step"] * measured["send_us"], abs=0.02)
 
 
 def test_a_trial_runs_the_servers_slots_and_sessions() -> None:
