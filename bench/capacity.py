@@ -24,8 +24,8 @@ Beside the capacity, the host's and the engine's own ceilings at the capacity ba
 pod's threads in a step less the engine's, so that Opus decoded in lanes' children,
 which the step waits for, is not counted as the pod's, nor torch's worker threads,
 which spin a while after each op; ``host_p50_ms`` is the wall-clock share), and which
-of the two binds (the host's work grows with the streams, the engine's less
-than that on a GPU, so these are estimates from one batch). With Opus lanes, the lanes'
+binds (the host's work grows with the streams, the engine's less than that on a GPU, so
+these are estimates from one batch). With Opus lanes, the lanes'
 children are a third ceiling: their CPU time per stream (read from ``/proc``, to its
 10 ms tick over the timed steps), the streams that many children would hold with a core
 each. And since the step leaves socket I/O out, what the pod's websocket layer costs for
