@@ -32,6 +32,7 @@ class Handle:
         self._cap = config.max_buffer_samples
         self._max_markers = config.max_pending_markers
         self._lanes = lanes
+        self._lane_maybe_full = True  # the stream's lane may hold its most: look before sending
 
     @property
     def session_id(self) -> str:
@@ -95,9 +96,11 @@ class Handle:
         read while the lane holds much of the stream's bytes."""
         stream = self._stream
         stream.input.claim("OggOpus")
-        while self._lane_full():
-            await self._changed(self._lane_full)
-        lanes.lane(stream.slot).send_data(stream.slot, stream.generation, data)
+        if self._lane_maybe_full:  # only settling empties a lane: else not full now
+            while self._lane_full():
+                await self._changed(self._lane_full)
+        self._lane_maybe_full = lanes.lane(stream.slot).send_data(
+            stream.slot, stream.generation, data)
 
     def _lane_full(self) -> bool:
         lane = self._lane_of_opus()

@@ -78,15 +78,15 @@ class Lane:
         for thread in self._threads:
             thread.start()
 
-    def send_data(self, slot: int, generation: int, data: bytes) -> None:
+    def send_data(self, slot: int, generation: int, data: bytes) -> bool:
         """One ``OggOpus`` message of the stream, with its slot's room now and the samples
-        of the stream in its buffer so far."""
+        of the stream in its buffer so far; whether the stream is now :meth:`full`."""
         if self._failed.get(slot) == generation:
-            return  # its child failed it: the stream is ending
+            return False  # its child failed it: the stream is ending
         now = self._buffers.hand_off(slot, generation, len(data))
         if now is None:  # the stream has ended
-            return
-        buffered, received = now
+            return False
+        buffered, received, in_flight = now
         self._served[slot] = generation
         head = opusworker.DATA_HEAD.pack(
             opusworker.DATA, slot, generation, opusworker.ROOM_FIELDS.size + len(data),
@@ -97,6 +97,7 @@ class Lane:
             self._outbox += data
         if ring:
             self._doorbell.put(None)
+        return in_flight >= MAX_BYTES_IN_FLIGHT
 
     def send_room(self, slot: int, generation: int) -> None:
         """The slot's room now: its child decodes what that allows and answers with all

@@ -119,7 +119,10 @@ class Batch:
 class SlotBuffers:
     def __init__(self, total: int) -> None:
         self._slots = [_SlotInput() for _ in range(total)]
-        self._cond = threading.Condition()
+        # A plain lock (C-level enter and exit: no Python frames per call, and some calls
+        # come per message); the engine waits on it through the condition.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._stopped = False
 
     @property
@@ -128,7 +131,7 @@ class SlotBuffers:
 
     def start(self, slot: int) -> int:
         """A stream starts (or restarts) in ``slot``: empty it, reset it; its new generation."""
-        with self._cond:
+        with self._lock:
             state = self._slots[slot]
             state.clear()
             state.active = True
@@ -139,7 +142,7 @@ class SlotBuffers:
     def restart(self, slot: int, generation: int | None = None) -> None:
         """``Init``: the engine resets the slot's model row once it has taken every whole
         frame buffered now, before the next one."""
-        with self._cond:
+        with self._lock:
             state = self._stream_of(slot, generation)
             if state is None:
                 return
@@ -148,7 +151,7 @@ class SlotBuffers:
 
     def stop(self, slot: int) -> None:
         """The slot's stream is over: drop whatever it had buffered."""
-        with self._cond:
+        with self._lock:
             state = self._slots[slot]
             state.clear()
             state.active = False
@@ -160,22 +163,22 @@ class SlotBuffers:
         state = self._slots[slot]
         return state if generation is None or state.generation == generation else None
 
-    def hand_off(self, slot: int, generation: int, size: int) -> tuple[int, int] | None:
+    def hand_off(self, slot: int, generation: int, size: int) -> tuple[int, int, int] | None:
         """A message of ``size`` bytes of the stream is being decoded elsewhere (an Opus
         lane): the stream's received audio is not all in until the message is settled
-        (:meth:`push_audio`). The slot's buffered and received samples now (None: the
-        slot holds another stream)."""
-        with self._cond:
+        (:meth:`push_audio`). The slot's buffered and received samples and its bytes
+        handed off, now (None: the slot holds another stream)."""
+        with self._lock:
             state = self._stream_of(slot, generation)
             if state is None:
                 return None
             state.handed_off.append(size)
             state.bytes_handed_off += size
-            return state.samples, state.received
+            return state.samples, state.received, state.bytes_handed_off
 
     def drop_hand_offs(self, slot: int, generation: int) -> None:
         """What was handed off will not come (its decoder failed)."""
-        with self._cond:
+        with self._lock:
             state = self._stream_of(slot, generation)
             if state is not None:
                 state.handed_off.clear()
@@ -183,26 +186,26 @@ class SlotBuffers:
 
     def watch(self, slot: int, generation: int) -> None:
         """:meth:`push_audio` says when it next settles one of the stream's hand-offs."""
-        with self._cond:
+        with self._lock:
             state = self._stream_of(slot, generation)
             if state is not None and state.handed_off:
                 state.watched = True
 
     def bytes_handed_off(self, slot: int, generation: int) -> int:
-        with self._cond:
+        with self._lock:
             state = self._stream_of(slot, generation)
             return 0 if state is None else state.bytes_handed_off
 
     def unsettled(self, buffered: int = 0) -> list[tuple[int, int]]:
         """(slot, generation) of every stream with a hand-off not settled and at least
         ``buffered`` samples buffered."""
-        with self._cond:
+        with self._lock:
             return [(slot, state.generation) for slot, state in enumerate(self._slots)
                     if state.handed_off and state.samples >= buffered]
 
     def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
         """Audio for the slot's stream."""
-        with self._cond:
+        with self._lock:
             state = self._slots[slot]
             if len(pcm):
                 self._append(state, pcm, time.monotonic())
@@ -216,7 +219,7 @@ class SlotBuffers:
         their hand-offs settled."""
         woken = []
         now = time.monotonic()
-        with self._cond:
+        with self._lock:
             for slot, generation, pcm, settled in decoded:
                 state = self._stream_of(slot, generation)
                 if state is None:
@@ -245,7 +248,7 @@ class SlotBuffers:
 
     def push_marker(self, slot: int, marker_id: int, generation: int | None = None) -> None:
         """Due after every full frame buffered now (the frame number, counted per stream)."""
-        with self._cond:
+        with self._lock:
             state = self._stream_of(slot, generation)
             if state is None:
                 return
@@ -254,55 +257,55 @@ class SlotBuffers:
 
     def buffered(self, slot: int) -> int:
         """Samples received and not yet taken by the engine."""
-        with self._cond:
+        with self._lock:
             return self._slots[slot].samples
 
     def buffered_and_received(self, slot: int) -> tuple[int, int]:
         """:meth:`buffered` and :meth:`received` at one instant."""
-        with self._cond:
+        with self._lock:
             state = self._slots[slot]
             return state.samples, state.received
 
     def decoding(self, slot: int) -> int:
         """Messages of the slot's stream handed off and not wholly in yet."""
-        with self._cond:
+        with self._lock:
             return len(self._slots[slot].handed_off)
 
     def generation(self, slot: int) -> int:
-        with self._cond:
+        with self._lock:
             return self._slots[slot].generation
 
     def taken(self, slot: int) -> int:
         """Frames of the slot's stream handed to the engine so far."""
-        with self._cond:
+        with self._lock:
             return self._slots[slot].frames_taken
 
     def received(self, slot: int) -> int:
-        with self._cond:
+        with self._lock:
             return self._slots[slot].received
 
     def being_decoded(self) -> int:
         """Messages handed off in every slot and not wholly in yet (Opus lanes)."""
-        with self._cond:
+        with self._lock:
             return sum(len(state.handed_off) for state in self._slots)
 
     def buffered_total(self) -> int:
-        with self._cond:
+        with self._lock:
             return sum(state.samples for state in self._slots)
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._stopped = True
             self._cond.notify_all()
 
     def pending(self) -> bool:
         """Some slot has a frame or a marker for the engine."""
-        with self._cond:
+        with self._lock:
             return any(state.ready for state in self._slots)
 
     def take(self, timeout: float = 0.5) -> Batch | None:
         """Block until some slot has work; None once closed (engine thread only)."""
-        with self._cond:
+        with self._lock:
             while not self._stopped and not any(state.ready for state in self._slots):
                 self._cond.wait(timeout)
             if self._stopped:

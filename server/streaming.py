@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 from starlette import responses, websockets
-from starlette.types import Message
 
 from asrpool.common import framing, protocol
-from asrpool.server import budgets, handles, outcomes, pods
+from asrpool.server import budgets, handles, idleness, outcomes, pods
 
 logger = logging.getLogger(__name__)
 
@@ -156,19 +154,33 @@ async def _send_and_close(ws: websockets.WebSocket, messages: list[bytes],
 
 async def _read(ws: websockets.WebSocket, pod: pods.Pod,
                 handle: handles.Handle) -> outcomes.Outcome:
-    idle = pod.settings.idle_timeout_seconds
-    last_audio = time.monotonic()
+    idle = idleness.IdleWatch(pod.settings.idle_timeout_seconds,
+                              lambda: handle.buffered() >= protocol.FRAME_SIZE)
+    try:
+        return await _read_messages(ws, pod, handle, idle)
+    except asyncio.CancelledError:
+        if idle.expired():
+            return outcomes.Failed(f"no message for {idle.seconds:g} s",
+                                   protocol.ErrorCode.IDLE_TIMEOUT, protocol.CloseCode.NORMAL)
+        raise
+    finally:
+        idle.close()
+
+
+async def _read_messages(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
+                         idle: idleness.IdleWatch) -> outcomes.Outcome:
+    """Until the client leaves or errs; ``idle`` cancels it when the client goes idle."""
     budget = budgets.MessageBudget(pod.settings.max_messages_per_second,
                                    pod.settings.message_burst)
     while True:
         await handle.room()
+        idle.waiting = True
         try:
-            message = await _receive(ws, handle, last_audio + idle)
-        except TimeoutError:
-            return outcomes.Failed(f"no message for {idle:g} s", protocol.ErrorCode.IDLE_TIMEOUT,
-                                   protocol.CloseCode.NORMAL)
+            message = await ws.receive()
         except RuntimeError:  # receive after the connection went away
             return outcomes.Lost()
+        finally:
+            idle.waiting = False
         if message["type"] == "websocket.disconnect":
             return _disconnected(int(message.get("code") or protocol.CloseCode.NO_STATUS))
         refused = framing.refused(message)  # a frame over the limit, refused from its header
@@ -179,13 +191,13 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
             if not budget.spend(0):
                 return _over_budget(pod)
             continue
-        last_audio = time.monotonic()
+        idle.active()
         try:
             decoded = protocol.decode_client(data, pod.settings.max_message_bytes)
             if not budget.spend(budgets.samples_of(decoded)):
                 return _over_budget(pod)
             await handle.push(decoded)
-            last_audio = time.monotonic()  # a push held back for room was no idleness
+            idle.active()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
             return _refused_by_the_router(pod, exc, data) or _client_fault(exc)
 
@@ -215,22 +227,6 @@ def _over_budget(pod: pods.Pod) -> outcomes.Failed:
 
 def _disconnected(code: int) -> outcomes.Outcome:
     return outcomes.Lost() if code in _LOST else outcomes.Closed()
-
-
-async def _receive(ws: websockets.WebSocket, handle: handles.Handle, deadline: float) -> Message:
-    """The next message; a client is idle only while the engine has none of its audio."""
-    receiving = asyncio.ensure_future(ws.receive())
-    try:
-        while True:
-            timeout = max(0.0, deadline - time.monotonic())
-            done, _ = await asyncio.wait({receiving}, timeout=timeout)
-            if done:
-                return receiving.result()
-            if handle.buffered() < protocol.FRAME_SIZE:
-                raise TimeoutError
-            deadline = time.monotonic() + 1.0  # still working through its audio: look again
-    finally:
-        receiving.cancel()
 
 
 async def _write(ws: websockets.WebSocket, handle: handles.Handle) -> None:

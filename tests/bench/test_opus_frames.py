@@ -41,3 +41,12 @@ def test_each_code_of_two_frames_splits_and_others_are_refused() -> None:
         oggfiles.single_frames(bytes([toc | 1]) + b"abc")
     with pytest.raises(ValueError, match="code 3"):
         oggfiles.single_frames(bytes([toc | 3, 2]) + b"ab")
+
+
+@pytest.mark.parametrize("steps", [12, 110])  # sphn's writer held back 4 pages at 110
+def test_every_step_has_a_full_steps_pages(steps: int) -> None:
+    """A step short of its pages starves the streams (a laned bench waited forever)."""
+    for one_packet_pages in (False, True):
+        opus = intake.OpusIntake(1, steps, one_packet_pages=one_packet_pages)
+        pages = 4 if one_packet_pages else 2
+        assert all(len(opus.messages(step)) == pages for step in range(steps + 2))

@@ -3,6 +3,11 @@ the server's CPU per message each way."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from asrpool.bench import sockets
 
 
@@ -12,3 +17,20 @@ def test_socket_costs_are_measured_both_ways_and_grow_with_the_message() -> None
     assert small["receive_us"] > 0 and small["send_us"] > 0
     large = sockets.socket_costs(1 << 20, 80, count=200)  # a MiB each: copied, unmasked
     assert large["receive_us"] > small["receive_us"]
+
+
+def test_the_bench_measures_both_readers_side_by_side(tmp_path: Path) -> None:
+    assert sockets.main(["--kinds", "opus-20ms", "--count", "300", "--rounds", "1",
+                         "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "sockets.json").read_text())
+    (row,) = result["rows"]
+    assert row["input"] == "opus-20ms" and row["messages_per_step"] == 4
+    assert all(row["receive_us"][reader] > 0 for reader in sockets.READERS)
+    assert row["idle_watch_over_deadline"] > 0
+
+
+def test_bad_options_are_refused_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sockets.main(["--kinds", "opus,flac"]) == 2
+    assert "flac" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown reader"):
+        sockets.socket_costs(10, 10, reader="select")

@@ -19,7 +19,7 @@ import pytest
 from asrpool.bench import oggfiles
 from asrpool.common import processes as asrpool_processes
 from asrpool.common import protocol
-from asrpool.server import inputs, opusworker, slots
+from asrpool.server import inputs, opuslanes, opusworker, slots
 from tests.compat import clients
 from tests.server import reference
 from tests.support import kyutai_client, servers, streams
@@ -299,7 +299,7 @@ def test_the_child_refuses_bytes_that_are_not_mono_ogg_opus_naming_the_fault(
 def test_a_late_answer_never_reaches_the_slots_next_stream() -> None:
     buffers = slots.SlotBuffers(1)
     old = buffers.start(0)
-    assert buffers.hand_off(0, old, 100) == (0, 0)
+    assert buffers.hand_off(0, old, 100) == (0, 0, 100)
     assert buffers.decoding(0) == 1 and buffers.bytes_handed_off(0, old) == 100
     new = buffers.start(0)
     buffers.push_decoded([(0, old, np.ones(1920, np.float32), 1)])
@@ -308,6 +308,27 @@ def test_a_late_answer_never_reaches_the_slots_next_stream() -> None:
     buffers.watch(0, new)
     assert buffers.push_decoded([(0, new, np.ones(1920, np.float32), 1)]) == [(0, new)]
     assert buffers.buffered(0) == 1920 and not buffers.decoding(0)
+
+
+def test_a_stream_is_full_once_its_bytes_in_flight_reach_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``send_data`` says when the stream has the most its child may hold (the pod then
+    reads its connection no more until some settle): here a page that never completes,
+    so nothing settles."""
+    monkeypatch.setattr(opuslanes, "MAX_BYTES_IN_FLIGHT", 150)
+    buffers = slots.SlotBuffers(1)
+    generation = buffers.start(0)
+    big_page = oggfiles.page([bytes(200)] * 200, 0, 0, flags=2)  # 40 kB: never all sent
+    lane = opuslanes.Lane(0, buffers, protocol.SAMPLE_RATE, report=lambda *_: None,
+                          on_lost=lambda _: None, wake=lambda *_: None)
+    try:
+        assert lane.send_data(0, generation, big_page[:100]) is False
+        assert not lane.full(0, generation)
+        assert lane.send_data(0, generation, big_page[100:200]) is True
+        assert lane.full(0, generation) and buffers.decoding(0) == 2
+        assert lane.send_data(0, generation + 1, big_page[200:300]) is False  # not its stream
+    finally:
+        lane.close()
 
 
 def _records(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
