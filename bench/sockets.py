@@ -4,12 +4,13 @@
 those bytes off the socket, and a result's bytes onto it, is the event loop's work too.
 This measures it alone: a real uvicorn with the pod's protocols and options
 (``limits.uvicorn_options``: ``framing.WebSocketProtocol``, no permessage-deflate) in a
-child process, whose app receives ``count`` messages of the given bytes and then sends
-``count`` messages of the reply's bytes as the pod's handler does (starlette's
-``WebSocket``, the reader's idle watch), against a real ``websockets`` client in this
-process. The figures are the server process's CPU time per
-message in each direction (``time.process_time``: the time the machine gave the client
-is not counted).
+child process, whose app receives messages of the given bytes and then sends messages of
+the reply's bytes as the pod's handler does (starlette's ``WebSocket``, the reader's
+idle watch), against real ``websockets`` clients in this process on
+:data:`CONNECTIONS` connections, paced so that each message arrives in a read of its
+own while several connections are ready at once (:data:`PACE_S`). The figures are the
+server process's CPU time per message in each direction (``time.process_time``: the
+time the machine gave the clients is not counted).
 
 ``asrpool bench sockets`` measures both ways of waiting for a message (:data:`READERS`)
 side by side, alternating, for the message of each input kind of ``bench capacity``,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -43,38 +45,53 @@ _START_TIMEOUT_S = 30.0
 # connection, ``server.idleness``), or as it did before it (each receive under a timeout
 # of its own, ``asyncio.wait``), kept to measure the two side by side.
 READERS = ("idle-watch", "deadline-per-message")
+# The client's connections, each sending one message per round, and the pause between
+# rounds: each message reaches the server in a read of its own, as a real-time stream's
+# do (one every 20 to 80 ms), while the server finds several connections ready at once,
+# as a busy pod does. Sent back to back, many messages would share one read and its
+# wake-up and cost less each than they do in a pod (about a fifth, measured here).
+CONNECTIONS = 32
+PACE_S = 2e-3
 
 
 def socket_costs(message_bytes: int, reply_bytes: int, count: int = 5000,
-                 reader: str = READERS[0]) -> dict[str, float]:
+                 reader: str = READERS[0], connections: int = CONNECTIONS) -> dict[str, Any]:
     """Server CPU in us per binary message received (``message_bytes`` long) and per
     message sent (``reply_bytes``); their content is nothing to the websocket layer.
-    ``reader``: how the server waits for each message (:data:`READERS`)."""
+    ``count`` messages each way in all, over ``connections``; ``reader``: how the server
+    waits for each message (:data:`READERS`)."""
     if reader not in READERS:
         raise ValueError(f"unknown reader {reader!r}: one of {', '.join(READERS)}")
+    per_connection = max(1, count // connections)
     message, reply = os.urandom(message_bytes), os.urandom(reply_bytes)
     context = multiprocessing.get_context("spawn")
     results: queues.Queue[Any] = context.Queue()
     port = processes.free_port()
-    server = context.Process(target=_serve, args=(port, count, reply, results, reader),
-                             daemon=True)
+    server = context.Process(
+        target=_serve, args=(port, connections, per_connection, reply, results, reader),
+        daemon=True)
     server.start()
     try:
-        with _connect(port) as websocket:
-            for _ in range(count):
-                websocket.send(message)
-            for _ in range(count):
-                websocket.recv()
+        with contextlib.ExitStack() as stack:
+            clients = [stack.enter_context(_connect(port)) for _ in range(connections)]
+            for _ in range(per_connection):
+                for client in clients:
+                    client.send(message)
+                time.sleep(PACE_S)
+            for client in clients:
+                for _ in range(per_connection):
+                    client.recv()
         received_s, sent_s = results.get(timeout=_START_TIMEOUT_S)
     finally:
         server.join(5)
         if server.is_alive():
             server.kill()
             server.join()
-    return {"receive_us": round(received_s * 1e6 / count, 2),
-            "send_us": round(sent_s * 1e6 / count, 2),
-            "message_bytes": message_bytes, "reply_bytes": reply_bytes, "messages": count,
-            "reader": reader}
+    messages = per_connection * connections
+    return {"receive_us": round(received_s * 1e6 / messages, 2),
+            "send_us": round(sent_s * 1e6 / messages, 2),
+            "message_bytes": message_bytes, "reply_bytes": reply_bytes, "messages": messages,
+            "connections": connections, "reader": reader}
 
 
 def _connect(port: int) -> ws_client.ClientConnection:
@@ -90,21 +107,53 @@ def _connect(port: int) -> ws_client.ClientConnection:
             time.sleep(0.05)
 
 
-def _serve(port: int, count: int, reply: bytes, results: queues.Queue[Any],
-           reader: str) -> None:
-    """The child: one websocket, ``count`` messages in, ``count`` replies out."""
+class _Phases:
+    """The child's clock: CPU from the last accept to the last message received, then
+    to the last reply sent (handshakes are not counted)."""
+
+    def __init__(self, connections: int) -> None:
+        self.connections = connections
+        self.accepted = asyncio.Event()
+        self.received = asyncio.Event()
+        self.marks: list[float] = []
+        self._counts = {"accepted": 0, "received": 0, "sent": 0}
+
+    async def reach(self, phase: str) -> None:
+        """This connection is past ``phase``; waits for every other one to be."""
+        self._counts[phase] += 1
+        if self._counts[phase] == self.connections:
+            self.marks.append(time.process_time())
+            if phase == "accepted":
+                self.accepted.set()
+            elif phase == "received":
+                self.received.set()
+        if phase == "accepted":
+            await self.accepted.wait()
+        elif phase == "received":
+            await self.received.wait()
+
+    def finished(self) -> bool:
+        return self._counts["sent"] == self.connections
+
+
+def _serve(port: int, connections: int, count: int, reply: bytes,
+           results: queues.Queue[Any], reader: str) -> None:
+    """The child: ``connections`` websockets, ``count`` messages in on each, then
+    ``count`` replies out on each."""
     import uvicorn
     from starlette import websockets
 
     from asrpool.common import limits
     from asrpool.server import idleness
 
+    phases = _Phases(connections)
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             return
         ws = websockets.WebSocket(scope, receive, send)
         await ws.accept()
-        started = time.process_time()
+        await phases.reach("accepted")
         if reader == "idle-watch":
             idle = idleness.IdleWatch(120.0, lambda: False)  # as the pod's reader keeps it
             for _ in range(count):
@@ -118,13 +167,16 @@ def _serve(port: int, count: int, reply: bytes, results: queues.Queue[Any],
         else:
             for _ in range(count):
                 await _receive_by_its_deadline(ws, 120.0)
-        received = time.process_time() - started
-        started = time.process_time()
+        await phases.reach("received")
         for _ in range(count):
             await ws.send_bytes(reply)
-        results.put((received, time.process_time() - started))
+        await phases.reach("sent")
+        if phases.finished():
+            accepted, received, sent = phases.marks
+            results.put((received - accepted, sent - received))
         await ws.receive()  # the client's close
-        server.should_exit = True
+        if phases.finished():
+            server.should_exit = True
 
     config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
                             log_level="warning", **limits.uvicorn_options(limits.Limits()))
