@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from asrpool.bench import reports
 from asrpool.common import processes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -193,12 +194,10 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with package_tree(opts.before) as path:
         rows = compare(path, opts, out / "hostwork.log")
-    result = {"benchmark": "hostwork", "before": opts.before, "after": f"{head} (work tree)",
-              "batch": opts.batch, "steps": opts.steps, "rounds": opts.rounds,
-              "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg(),
-              "elapsed_s": round(time.monotonic() - started, 1), "rows": rows}
-    (out / "hostwork.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out / 'hostwork.json'}")
+    reports.write(out, "hostwork.json", {
+        "benchmark": "hostwork", "before": opts.before, "after": f"{head} (work tree)",
+        "batch": opts.batch, "steps": opts.steps, "rounds": opts.rounds,
+        **reports.machine(started), "rows": rows})
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import multiprocessing
 import os
 import statistics
@@ -35,6 +34,7 @@ from typing import Any
 
 from websockets.sync import client as ws_client
 
+from asrpool.bench import reports
 from asrpool.common import processes
 
 KINDS = ("pcm-80ms", "pcm-1s", "opus", "opus-20ms")  # the messages of bench/intake.py
@@ -241,16 +241,12 @@ def main(argv: list[str]) -> int:
         print(f"unknown input kinds {unknown}: of {', '.join(intake.KINDS)}" if unknown
               else "--count and --rounds must be at least 1", file=sys.stderr)
         return 2
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     rows = [compare(kind, opts.count, opts.rounds) for kind in kinds]
-    result = {"benchmark": "sockets", "readers": list(READERS), "count": opts.count,
-              "rounds": opts.rounds, "reply_bytes": REPLY_BYTES, "cpus": os.cpu_count(),
-              "load_average_at_end": os.getloadavg(),
-              "elapsed_s": round(time.monotonic() - started, 1), "rows": rows}
-    (out / "sockets.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out / 'sockets.json'}")
+    reports.write(Path(opts.out), "sockets.json", {
+        "benchmark": "sockets", "readers": list(READERS), "count": opts.count,
+        "rounds": opts.rounds, "reply_bytes": REPLY_BYTES, **reports.machine(started),
+        "rows": rows})
     return 0
 
 
