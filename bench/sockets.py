@@ -4,13 +4,13 @@
 those bytes off the socket, and a result's bytes onto it, is the event loop's work too.
 This measures it alone: a real uvicorn with the pod's protocols and options
 (``limits.uvicorn_options``: ``framing.WebSocketProtocol``, no permessage-deflate) in a
-child process, whose app receives messages of the given bytes and then sends messages of
-the reply's bytes as the pod's handler does (starlette's ``WebSocket``, the reader's
-idle watch), against real ``websockets`` clients in this process on
-:data:`CONNECTIONS` connections, paced so that each message arrives in a read of its
-own while several connections are ready at once (:data:`PACE_S`). The figures are the
-server process's CPU time per message in each direction (``time.process_time``: the
-time the machine gave the clients is not counted).
+child process, on the loop the pod's ``server.run()`` picks (uvloop), whose app receives
+messages of the given bytes and then sends messages of the reply's bytes as the pod's
+handler does (starlette's ``WebSocket``, the reader's idle watch), against real
+``websockets`` clients in this process on :data:`CONNECTIONS` connections, paced so that
+each message arrives in a read of its own while several connections are ready at once
+(:data:`PACE_S`). The figures are the server process's CPU time per message in each
+direction (``time.process_time``: the time the machine gave the clients is not counted).
 
 ``asrpool bench sockets`` measures both ways of waiting for a message (:data:`READERS`)
 side by side, alternating, for the message of each input kind of ``bench capacity``,
@@ -49,7 +49,7 @@ READERS = ("idle-watch", "deadline-per-message")
 # rounds: each message reaches the server in a read of its own, as a real-time stream's
 # do (one every 20 to 80 ms), while the server finds several connections ready at once,
 # as a busy pod does. Sent back to back, many messages would share one read and its
-# wake-up and cost less each than they do in a pod (about a fifth, measured here).
+# wake-up and cost less each than they do in a pod.
 CONNECTIONS = 32
 PACE_S = 2e-3
 
@@ -181,7 +181,7 @@ def _serve(port: int, connections: int, count: int, reply: bytes,
     config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
                             log_level="warning", **limits.uvicorn_options(limits.Limits()))
     server = uvicorn.Server(config)
-    asyncio.run(server.serve())
+    server.run()  # on the loop the pod's server.run() picks (uvloop where installed)
 
 
 async def _receive_by_its_deadline(ws: Any, seconds: float) -> Any:

@@ -22,14 +22,6 @@ subclass that changes two policies to moshi-server's:
   the ping was sent, and never while the application is not reading (backpressure:
   the client's bytes, pongs included, wait in the socket because of us).
 
-Reading: uvicorn pauses the socket after every read that brings a message and resumes
-it once the application has taken them all, two system calls per message, which cost a
-pod's event loop a third of what receiving a message costs (``bench/sockets.py``).
-Here the socket is paused only once the messages waiting for the application hold
-``QUEUED_BYTES`` or number ``QUEUED_MESSAGES`` (:class:`CountingQueue`), and resumed, as
-in uvicorn, once it has taken them all: an application that stops reading still holds
-the client back (TCP does), with at most that much and one read more waiting.
-
 Hand-over: the router relays bytes once a stream is admitted. The protocol puts
 itself into the scope (``scope["extensions"][HANDOVER]["protocol"]``); after the
 app's ``websocket.accept`` the app calls :meth:`WebSocketProtocol.hand_over` and owns
@@ -68,8 +60,6 @@ HANDOVER = "asrpool.handover"
 UNSENT_BYTES = 16 << 10  # in the kernel, and again in the transport, per connection
 REFUSED = "asrpool.refused"  # the key of a receive event that carries a refused frame's Refusal
 MASK_BYTES = 4  # a client frame's masking key, after its header
-QUEUED_BYTES = 256 << 10  # waiting for the application before the socket is paused
-QUEUED_MESSAGES = 64  # likewise: tiny frames would take a long while to hold the bytes
 
 
 class RefusingConnection(server.ServerProtocol):
@@ -117,7 +107,6 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
         built = self.conn  # uvicorn's, rebuilt alike as a RefusingConnection
         self.conn = RefusingConnection(extensions=built.available_extensions,
                                        max_size=self.config.ws_max_size, logger=built.logger)
-        self.queue: CountingQueue = CountingQueue()  # nothing is queued yet
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -171,15 +160,7 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.heard_at = self.loop.time()
-        paused, self.read_paused = self.read_paused, True  # uvicorn's pause: see below
-        try:
-            super().data_received(data)
-        finally:
-            self.read_paused = paused
-        queued = self.queue
-        if not paused and (queued.bytes >= QUEUED_BYTES or queued.qsize() >= QUEUED_MESSAGES):
-            self.read_paused = True  # uvicorn resumes once the application took them all
-            self.transport.pause_reading()
+        super().data_received(data)
 
     def keepalive_timeout(self) -> None:
         if self.read_paused or self.heard_at > self.ping_sent_at:
@@ -207,25 +188,6 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
             self.queue.put_nowait(cast(Any, refusal_event(_reason(exc))))
             return
         super().handle_parser_exception()
-
-
-class CountingQueue(asyncio.Queue[Any]):
-    """uvicorn's queue of receive events, counting the bytes of the messages in it."""
-
-    bytes = 0
-
-    def _put(self, item: Any) -> None:
-        self.bytes += _event_bytes(item)
-        super()._put(item)
-
-    def _get(self) -> Any:
-        item = super()._get()
-        self.bytes -= _event_bytes(item)
-        return item
-
-
-def _event_bytes(event: Mapping[str, Any]) -> int:
-    return len(event.get("bytes") or event.get("text") or "")
 
 
 def refusal_event(reason: str) -> dict[str, Any]:
