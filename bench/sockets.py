@@ -111,29 +111,27 @@ class _Phases:
     """The child's clock: CPU from the last accept to the last message received, then
     to the last reply sent (handshakes are not counted)."""
 
+    PHASES = ("accepted", "received", "sent")
+
     def __init__(self, connections: int) -> None:
         self.connections = connections
-        self.accepted = asyncio.Event()
-        self.received = asyncio.Event()
         self.marks: list[float] = []
-        self._counts = {"accepted": 0, "received": 0, "sent": 0}
+        self._counts = dict.fromkeys(self.PHASES, 0)
+        self._all_past = {phase: asyncio.Event() for phase in self.PHASES}
 
-    async def reach(self, phase: str) -> None:
-        """This connection is past ``phase``; waits for every other one to be."""
+    async def reach(self, phase: str) -> bool:
+        """This connection is past ``phase``; waits for every other one to be. Whether
+        it was the last."""
         self._counts[phase] += 1
-        if self._counts[phase] == self.connections:
+        last = self._counts[phase] == self.connections
+        if last:
             self.marks.append(time.process_time())
-            if phase == "accepted":
-                self.accepted.set()
-            elif phase == "received":
-                self.received.set()
-        if phase == "accepted":
-            await self.accepted.wait()
-        elif phase == "received":
-            await self.received.wait()
+            self._all_past[phase].set()
+        await self._all_past[phase].wait()
+        return last
 
     def finished(self) -> bool:
-        return self._counts["sent"] == self.connections
+        return self._all_past["sent"].is_set()
 
 
 def _serve(port: int, connections: int, count: int, reply: bytes,
@@ -170,8 +168,7 @@ def _serve(port: int, connections: int, count: int, reply: bytes,
         await phases.reach("received")
         for _ in range(count):
             await ws.send_bytes(reply)
-        await phases.reach("sent")
-        if phases.finished():
+        if await phases.reach("sent"):
             accepted, received, sent = phases.marks
             results.put((received - accepted, sent - received))
         await ws.receive()  # the client's close

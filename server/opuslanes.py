@@ -88,15 +88,9 @@ class Lane:
             return False
         buffered, received, in_flight = now
         self._served[slot] = generation
-        head = opusworker.DATA_HEAD.pack(
+        self._send(opusworker.DATA_HEAD.pack(
             opusworker.DATA, slot, generation, opusworker.ROOM_FIELDS.size + len(data),
-            max(self._cap - buffered, 0), received)
-        with self._outbox_lock:
-            ring = not self._outbox  # else the writer was rung and has not taken it yet
-            self._outbox += head
-            self._outbox += data
-        if ring:
-            self._doorbell.put(None)
+            max(self._cap - buffered, 0), received), data)
         return in_flight >= MAX_BYTES_IN_FLIGHT
 
     def send_room(self, slot: int, generation: int) -> None:
@@ -114,10 +108,13 @@ class Lane:
     def send_init(self, slot: int, generation: int) -> None:
         self._send(opusworker.record(opusworker.INIT, slot, generation))
 
-    def _send(self, record: bytes) -> None:
+    def _send(self, *parts: bytes) -> None:
+        """One record, in ``parts`` (appended as they are: a message's bytes are not
+        copied into a record of their own first)."""
         with self._outbox_lock:
-            ring = not self._outbox
-            self._outbox += record
+            ring = not self._outbox  # else the writer was rung and has not taken it yet
+            for part in parts:
+                self._outbox += part
         if ring:
             self._doorbell.put(None)
 
