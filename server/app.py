@@ -89,7 +89,9 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
         return await _transcribe(pod, request)
 
     @app.delete(protocol.STREAMING_PATH)
-    def asr_end(request: fastapi.Request) -> responses.Response:
+    async def asr_end(request: fastapi.Request) -> responses.Response:
+        # On the event loop: it sets the stream's asyncio future (a plain def would run
+        # in a worker thread, whose call_soon does not wake an idle loop).
         return _end(pod, request)
 
     @app.get(protocol.STREAMING_PATH, include_in_schema=False)
