@@ -102,8 +102,8 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
                 reader.cancel()
                 await _results_of_received(handle, asyncio.get_running_loop().create_future(),
                                            writer)
-        else:  # the writer failed: the connection is gone
-            outcome = outcomes.Lost()
+        else:  # the writer failed: the connection is gone, closed by the client or lost
+            outcome = _ended(ws)
         if isinstance(outcome, outcomes.Lost) and framing.send_timed_out(ws.scope):
             outcome = _too_slow(pod)
     finally:
@@ -223,6 +223,13 @@ def _over_budget(pod: pods.Pod) -> outcomes.Failed:
         f"over {rate:g} messages per second (audio in frames of {protocol.FRAME_SIZE} "
         "samples or more is not counted): send fewer, larger messages",
         protocol.ErrorCode.TOO_MANY_MESSAGES)
+
+
+def _ended(ws: websockets.WebSocket) -> outcomes.Outcome:
+    """A connection gone before the reader saw its end: a clean close if the client sent
+    one (parsed, with the connection's end, behind audio the pod still holds back)."""
+    code = framing.close_received(ws.scope)
+    return outcomes.Lost() if code is None else _disconnected(code)
 
 
 def _disconnected(code: int) -> outcomes.Outcome:

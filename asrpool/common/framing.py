@@ -218,6 +218,16 @@ def send_timed_out(scope: Any) -> bool:
     return bool(handover and handover["protocol"].send_timed_out)
 
 
+def close_received(scope: Any) -> int | None:
+    """The code of the close frame the client of this ASGI scope sent (1005 for one
+    without a code), or None if it sent none. uvicorn closes the connection as soon as
+    it parses that frame, which may be before the app has read the messages ahead of it
+    (while it holds them back), so a failed send can follow a clean close."""
+    handover = scope.get("extensions", {}).get(HANDOVER)
+    close = handover["protocol"].conn.close_rcvd if handover else None
+    return None if close is None else int(close.code)
+
+
 def peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 

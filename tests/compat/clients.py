@@ -72,6 +72,16 @@ async def close_without_code(ws: ws_client.ClientConnection) -> None:
     await asyncio.wait_for(ws.wait_closed(), 10)
 
 
+async def send_then_close(ws: ws_client.ClientConnection, messages: Iterable[bytes]) -> None:
+    """``messages`` and a clean close (1000) in one write, so that the server can parse
+    the close frame together with audio that it has not read yet."""
+    pieces = [frames.Frame(frames.Opcode.BINARY, message).serialize(mask=True)
+              for message in messages]
+    close = frames.Close(frames.CloseCode.NORMAL_CLOSURE, "").serialize()
+    ws.transport.write(b"".join([*pieces, frames.Frame(frames.Opcode.CLOSE, close)
+                                 .serialize(mask=True)]))
+
+
 async def used_slots_become(endpoint: conftest.Endpoint, count: int, within: float) -> float:
     """Seconds until the pod has ``count`` used slots; fails after ``within``."""
     started = time.monotonic()

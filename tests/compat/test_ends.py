@@ -13,6 +13,7 @@ from tests.compat import clients, conftest
 from tests.support import kyutai_client, streams
 
 AT_ONCE_S = 5.0  # far under the 30 s grace
+BUFFERED_S = 10  # the pod's default max_buffer_seconds
 
 
 async def _streaming(endpoint: conftest.Endpoint, **headers: str) -> ws_client.ClientConnection:
@@ -45,6 +46,21 @@ async def test_a_clean_close_while_the_pod_holds_audio_frees_the_slot(
         await asyncio.gather(sender, return_exceptions=True)
     await ws.close()
     await clients.used_slots_become(endpoint, 0, conftest.GRACE_S - 10)
+
+
+async def test_a_clean_close_read_before_held_audio_frees_a_resumable_slot(
+        endpoint: conftest.Endpoint) -> None:
+    """A client that asked to resume sends twice the audio the pod buffers, then closes
+    cleanly, all at once: the pod parses the close (and its server ends the connection)
+    while it still holds that audio back, and its next send fails. The stream ended
+    cleanly all the same, so the slot is freed, not kept for a resume (it was, in about
+    1 of 8 runs of the test above)."""
+    ws = await clients.connect(endpoint, asrpool_resumable="1")
+    speech = streams.random_speechlike(2 * BUFFERED_S, seed=7)
+    await clients.send_then_close(ws, [kyutai_client.audio(piece) for piece
+                                       in np.split(speech, 2 * BUFFERED_S)])
+    await clients.used_slots_become(endpoint, 0, AT_ONCE_S)
+    ws.transport.abort()
 
 
 async def test_a_browser_close_without_a_code_frees_the_slot(
