@@ -63,12 +63,14 @@ def chart_values() -> dict[str, Any]:
     }
 
 
-def pool(name: str, slots: int, revision: str | None = None) -> dict[str, Any]:
+def pool(name: str, slots: int, revision: str | None = None,
+         opus_workers: int = 0) -> dict[str, Any]:
     model: dict[str, Any] = {"name": "tiny", **({"revision": revision} if revision else {})}
     return {"apiVersion": f"{naming.GROUP}/{naming.VERSION}", "kind": naming.KIND,
             "metadata": {"name": name},
             "spec": {"model": model, "slots": slots, "slotsPerPod": 1,
                      "imagePullPolicy": "Never", "drainGracePeriodSeconds": 60,
+                     "opusWorkers": opus_workers,
                      "resources": {"gpus": 0, "cpu": "100m", "memory": "1Gi"}}}
 
 
@@ -150,41 +152,62 @@ def test_every_container_runs_as_its_user_with_a_read_only_root(
     cluster.kubectl("delete", "-n", namespace, "asrpool/locked", "--wait=true")
 
 
-def test_a_stream_through_the_routers_service_gets_words(
+def test_streams_through_the_routers_service_get_words_pcm_and_opus_through_lanes(
         cluster: NodeCluster, release: Release) -> None:
-    """A client pod (the server image has the file reader) streams samples/hello.wav to
-    the router's Service by its DNS name, through kube-proxy and CoreDNS."""
+    """Client pods (the server image has the file reader) stream samples/hello.wav to
+    the router's Service by its DNS name, through kube-proxy and CoreDNS: once as PCM,
+    once as Ogg Opus, which the pool's pod decodes in its Opus lanes (``opusWorkers``),
+    child processes of the locked-down server container."""
     namespace = release.namespace
-    cluster.apply(namespace, pool("stt", slots=1))
-    asyncio.run(eventually(lambda: serving(cluster, namespace, "stt", 1), STARTUP, period=2.0))
+    cluster.apply(namespace, pool("stt", slots=1, opus_workers=2))
+    (server,) = asyncio.run(eventually(lambda: serving(cluster, namespace, "stt", 1),
+                                       STARTUP, period=2.0))
     cluster.kubectl("create", "configmap", "sample", "-n", namespace,
                     f"--from-file=hello.wav={SAMPLE}")  # binaryData, too large to apply
+    for name, flags in (("pcm", []), ("opus", ["--opus"])):
+        messages = _streamed_from_a_pod(cluster, release, f"client-{name}", flags)
+        assert [m for m in messages if m.get("type") == "Word"], (name, messages)
+        assert not [m for m in messages if m.get("type") == "Error"], (name, messages)
+    assert _opus_lanes(cluster, namespace, server) == 2
+    asyncio.run(eventually(lambda: serving(cluster, namespace, "stt", 1), WAIT))  # slot free
+    cluster.kubectl("delete", "-n", namespace, "asrpool/stt", "--wait=true")
+
+
+def _streamed_from_a_pod(cluster: NodeCluster, release: Release, name: str,
+                         flags: list[str]) -> list[dict[str, Any]]:
+    """What ``asrpool stream --json`` printed in a client pod, which must exit 0."""
+    namespace = release.namespace
     url = f"ws://{release.router_service}/api/asr-streaming?pool=stt"
-    client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"}, "spec": {
+    command = ["asrpool", "stream", "--json", "--rtf", "4", "--api-key", release.api_key,
+               *flags, url, "/sample/hello.wav"]
+    client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
         "restartPolicy": "Never", "enableServiceLinks": False,
         "securityContext": {"runAsUser": 10001, "runAsNonRoot": True},
         "containers": [{"name": "client", "image": "ghcr.io/asrpool/asrpool:0.1.0",
-                        "imagePullPolicy": "Never",
-                        "command": ["asrpool", "stream", "--json", "--rtf", "4",
-                                    "--api-key", release.api_key, url, "/sample/hello.wav"],
+                        "imagePullPolicy": "Never", "command": command,
                         "securityContext": {"readOnlyRootFilesystem": True},
                         "volumeMounts": [{"name": "sample", "mountPath": "/sample"}]}],
         "volumes": [{"name": "sample", "configMap": {"name": "sample"}}]}}
     cluster.apply(namespace, client)
 
     def finished() -> dict[str, Any]:
-        state = cluster.get(namespace, "pod", "client")["status"].get("containerStatuses")
+        state = cluster.get(namespace, "pod", name)["status"].get("containerStatuses")
         terminated = ((state or [{}])[0].get("state") or {}).get("terminated")
         assert terminated, state
         return dict(terminated)
 
     terminated = asyncio.run(eventually(finished, STARTUP, period=2.0))
-    output = cluster.kubectl("logs", "-n", namespace, "client").stdout
+    output = cluster.kubectl("logs", "-n", namespace, name).stdout
     assert terminated["exitCode"] == 0, output[-2000:]
-    messages = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-    assert [m for m in messages if m.get("type") == "Word"], output[-2000:]
-    assert not [m for m in messages if m.get("type") == "Error"]
-    cluster.kubectl("delete", "-n", namespace, "asrpool/stt", "--wait=true")
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def _opus_lanes(cluster: NodeCluster, namespace: str, pod: str) -> int:
+    """The Opus lanes' child processes running in the server container."""
+    # The module's name split, so that this command's own cmdline does not count.
+    count = ("import pathlib; module = b'asrpool.server.' + b'opusworker'; print(sum("
+             "module in p.read_bytes() for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')))")
+    return int(cluster.exec(namespace, pod, "python3", "-c", count))
 
 
 @pytest.fixture(scope="module")
