@@ -155,11 +155,7 @@ def _serve(port: int, connections: int, count: int, reply: bytes,
         if reader == "idle-watch":
             idle = idleness.IdleWatch(120.0, lambda: False)  # as the pod's reader keeps it
             for _ in range(count):
-                idle.waiting = True
-                try:
-                    await ws.receive()
-                finally:
-                    idle.waiting = False
+                await idle.receive(ws)
                 idle.active()
             idle.close()
         else:

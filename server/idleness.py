@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
+
+from starlette import websockets
 
 LOOK_AGAIN_S = 1.0  # while the reader is busy or the engine has the stream's audio
 
@@ -30,6 +33,15 @@ class IdleWatch:
         self._expired = False
         self._reader = asyncio.current_task()
         self._timer = loop.call_at(self._last + seconds, self._check)
+
+    async def receive(self, ws: websockets.WebSocket) -> Any:
+        """The next ASGI event of ``ws``, its wait counted as idle time (the caller
+        says :meth:`active` for a message that is a sign of life)."""
+        self.waiting = True
+        try:
+            return await ws.receive()
+        finally:
+            self.waiting = False
 
     def active(self) -> None:
         """The client sent a sign of life: the deadline counts from now."""

@@ -174,13 +174,10 @@ async def _read_messages(ws: websockets.WebSocket, pod: pods.Pod, handle: handle
                                    pod.settings.message_burst)
     while True:
         await handle.room()
-        idle.waiting = True
         try:
-            message = await ws.receive()
+            message = await idle.receive(ws)
         except RuntimeError:  # receive after the connection went away
             return outcomes.Lost()
-        finally:
-            idle.waiting = False
         if message["type"] == "websocket.disconnect":
             return _disconnected(int(message.get("code") or protocol.CloseCode.NO_STATUS))
         refused = framing.refused(message)  # a frame over the limit, refused from its header

@@ -70,3 +70,31 @@ async def test_a_reader_cancelled_for_another_reason_stays_cancelled() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class _Socket:
+    """A websocket whose next event comes when the test says."""
+
+    def __init__(self) -> None:
+        self.event: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+
+    async def receive(self) -> dict[str, str]:
+        return await self.event
+
+
+async def test_receiving_counts_as_waiting_until_the_event_comes_or_the_socket_fails() -> None:
+    idle = idleness.IdleWatch(60.0, lambda: False)
+    for ending in ({"type": "websocket.receive"}, RuntimeError("gone")):
+        socket = _Socket()
+        receiving = asyncio.ensure_future(idle.receive(socket))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert idle.waiting
+        if isinstance(ending, dict):
+            socket.event.set_result(ending)
+            assert await receiving == ending
+        else:
+            socket.event.set_exception(ending)
+            with pytest.raises(RuntimeError):
+                await receiving
+        assert not idle.waiting
+    idle.close()
