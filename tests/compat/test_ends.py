@@ -59,7 +59,8 @@ async def test_a_clean_close_read_before_held_audio_frees_a_resumable_slot(
     speech = streams.random_speechlike(2 * BUFFERED_S, seed=7)
     await clients.send_then_close(ws, [kyutai_client.audio(piece) for piece
                                        in np.split(speech, 2 * BUFFERED_S)])
-    await clients.used_slots_become(endpoint, 0, AT_ONCE_S)
+    # Freed in about 1 s here; bounded as above, well under the grace, for loaded machines.
+    await clients.used_slots_become(endpoint, 0, conftest.GRACE_S - 10)
     ws.transport.abort()
 
 
