@@ -11,7 +11,8 @@ The copy hard-links the content blobs and unpacked layers
 a moment whatever the images weigh. A changed image changes its digest, so a new seed:
 it starts as such a copy of the newest seed, so the import writes and unpacks only the
 layers that changed (the server image's torch layer stays), and then drops the images
-the set no longer has. Older seeds beyond the newest few are removed.
+the set no longer has. Older seeds beyond the newest few are removed, and so is a seed
+half built (by a build that failed, at once; by one that was killed, by the next build).
 """
 
 from __future__ import annotations
@@ -71,14 +72,19 @@ def ensure(cache: Path, images: Sequence[Image], build: Callable[[Path], None]) 
     """The seed root for ``images``; ``build(folder)`` fills a new one when there is none."""
     seed = cache / key(images)
     if not (seed / "root").is_dir():
+        _remove_abandoned(cache)
         building = cache / f".{seed.name}.{os.getpid()}"
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
-        previous = _newest(cache)
-        if previous is not None:  # its unchanged layers are kept, not imported again
-            copy(previous / "root", building / "root")
-        build(building)
-        (building / IDENTITIES).write_text(json.dumps(sorted(i.identity for i in images)))
+        try:
+            previous = _newest(cache)
+            if previous is not None:  # its unchanged layers are kept, not imported again
+                copy(previous / "root", building / "root")
+            build(building)
+            (building / IDENTITIES).write_text(json.dumps(sorted(i.identity for i in images)))
+        except BaseException:  # a failed build (a full disk, a bad archive) keeps nothing
+            shutil.rmtree(building, ignore_errors=True)
+            raise
         shutil.rmtree(seed, ignore_errors=True)
         building.rename(seed)
     seed.touch()  # its time is its last use
@@ -112,6 +118,24 @@ def _seeds(cache: Path) -> list[Path]:
 def _newest(cache: Path) -> Path | None:
     seeds = _seeds(cache) if cache.is_dir() else []
     return seeds[0] if seeds else None
+
+
+def _remove_abandoned(cache: Path) -> None:
+    """Seeds half built by a process that is gone (killed: it could not clean up)."""
+    for path in cache.glob(".*.*"):
+        builder = path.name.rpartition(".")[2]
+        if builder.isdigit() and not _alive(int(builder)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _prune(cache: Path) -> None:

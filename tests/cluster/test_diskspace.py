@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from asrpool.localcluster import diskspace, imagecache, images
 
@@ -41,3 +44,34 @@ def test_a_seed_imports_what_the_newest_seed_does_not_hold(tmp_path: Path) -> No
     (seed.parent / imagecache.IDENTITIES).unlink()  # a seed made before seeds said
     assert imagecache.to_import(cache, archives) == ([], False)
     assert images.size(archives[0]) == 1000
+
+
+def test_a_seed_half_built_is_removed_whether_its_build_failed_or_was_killed(
+        tmp_path: Path) -> None:
+    archive = tmp_path / "one.tar"
+    archive.write_bytes(b"x" * 1000)
+    wanted = [images.Image(str(archive), "one@1", stored=False)]
+    cache = tmp_path / "seeds"
+    cache.mkdir()
+
+    def fails(folder: Path) -> None:
+        (folder / "root").mkdir()
+        (folder / "root" / "layer").write_bytes(b"x" * 1000)
+        raise OSError("no space left on device")
+
+    with pytest.raises(OSError, match="no space"):
+        imagecache.ensure(cache, wanted, fails)
+    assert list(cache.iterdir()) == []
+    killed = cache / f".{imagecache.key(wanted)}.{_ended_pid()}"
+    running = cache / f".{imagecache.key(wanted)}.1"  # another builder, still at work
+    for partial in (killed, running):
+        (partial / "root").mkdir(parents=True)
+    seed = imagecache.ensure(cache, wanted, lambda folder: (folder / "root").mkdir())
+    assert seed.is_dir() and not killed.exists() and running.exists()
+
+
+def _ended_pid() -> int:
+    """The pid of a process that has ended (not reused so soon)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
