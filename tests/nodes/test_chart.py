@@ -263,7 +263,11 @@ async def test_scale_down_removes_the_idle_pod_and_a_model_roll_drains_the_busy_
     """SIGTERM reaches the server (PID 1) in its container; it drains its stream to
     the end while the Deployment controller rolls the pool."""
     namespace = release.namespace
-    cluster.apply(namespace, pool("roll", slots=2))
+    roll = pool("roll", slots=2)
+    # The drained stream's audio is all transcribed first: time for a pod of 100m CPU on a
+    # loaded machine (the engine fell 11 s behind real time once, and 60 s ran out).
+    roll["spec"]["drainGracePeriodSeconds"] = 240
+    cluster.apply(namespace, roll)
     await eventually(lambda: serving(cluster, namespace, "roll", 2), STARTUP, period=2.0)
 
     url, password = chart_redis
