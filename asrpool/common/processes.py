@@ -197,6 +197,15 @@ def redis_answers(url: str, password: str | None = None) -> bool:
         client.close()
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not), from /proc (Linux)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def parents() -> dict[int, int]:
     """Every live process's parent, from /proc (Linux); processes that exit meanwhile
     are left out."""

@@ -25,6 +25,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from asrpool.common import processes
 from asrpool.localcluster.images import Image
 
 KEEP = 2  # seeds kept: the newest (one holds the server image: some 12 GB)
@@ -124,18 +125,8 @@ def _remove_abandoned(cache: Path) -> None:
     """Seeds half built by a process that is gone (killed: it could not clean up)."""
     for path in cache.glob(".*.*"):
         builder = path.name.rpartition(".")[2]
-        if builder.isdigit() and not _alive(int(builder)):
+        if builder.isdigit() and not processes.alive(int(builder)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _prune(cache: Path) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from asrpool.common.processes import descendants
+from asrpool.common.processes import alive, descendants
 
 __all__ = ["alive", "descendants", "first_line", "running_with"]
 NO_ANSWER = "(no answer)"
@@ -30,14 +30,6 @@ def first_line(process: subprocess.Popen[str], timeout: float) -> str:
         return lines.get(timeout=timeout)
     except queue.Empty:
         return NO_ANSWER
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def running_with(text: str) -> list[str]:
