@@ -214,8 +214,8 @@ def bound_unsent(transport: asyncio.Transport) -> None:
 
 def send_timed_out(scope: Any) -> bool:
     """Whether the connection of this ASGI scope was aborted by the send deadline."""
-    handover = scope.get("extensions", {}).get(HANDOVER)
-    return bool(handover and handover["protocol"].send_timed_out)
+    connection = _protocol(scope)
+    return connection is not None and connection.send_timed_out
 
 
 def close_received(scope: Any) -> int | None:
@@ -223,9 +223,15 @@ def close_received(scope: Any) -> int | None:
     without a code), or None if it sent none. uvicorn closes the connection as soon as
     it parses that frame, which may be before the app has read the messages ahead of it
     (while it holds them back), so a failed send can follow a clean close."""
-    handover = scope.get("extensions", {}).get(HANDOVER)
-    close = handover["protocol"].conn.close_rcvd if handover else None
+    connection = _protocol(scope)
+    close = connection.conn.close_rcvd if connection is not None else None
     return None if close is None else int(close.code)
+
+
+def _protocol(scope: Any) -> WebSocketProtocol | None:
+    """The protocol of this ASGI scope's connection (put there at its upgrade)."""
+    handover = scope.get("extensions", {}).get(HANDOVER)
+    return cast(WebSocketProtocol, handover["protocol"]) if handover else None
 
 
 def peer(client: tuple[str, int] | None) -> str:
