@@ -139,8 +139,12 @@ def triviality(sessions: list[Session], context: int) -> list[str]:
     for s in long_ones:
         if len({tuple(c) for c in s.codes}) <= len(s.codes) // 2:
             problems.append(f"codes of session {s.audio_seed} hardly vary over time")
-        if len(set(s.tokens)) <= 3:
-            problems.append(f"text tokens of session {s.audio_seed} hardly vary over time")
+    # A random text head can settle on one token for a short stream (seen once in 138
+    # sessions on CUDA in bfloat16); the comparison means nothing only if most do.
+    flat = [s for s in long_ones if len(set(s.tokens)) <= 3]
+    if 2 * len(flat) >= len(long_ones):
+        problems.append(f"text tokens hardly vary over time in {len(flat)} of "
+                        f"{len(long_ones)} sessions of 20 steps or more")
     if not any(s.events for s in sessions):
         problems.append("no session produced any event")
     return problems
