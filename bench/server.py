@@ -33,6 +33,7 @@ from typing import Any
 import msgpack
 import numpy as np
 from websockets.asyncio import client as ws_client
+from websockets.exceptions import InvalidStatus
 
 from asrpool.common import processes, protocol
 
@@ -142,6 +143,13 @@ def _client_group(url: str, seconds: float, seeds: list[int]) -> list[dict[str, 
 
 
 async def _client(url: str, seconds: float, seed: int) -> dict[str, Any]:
+    try:
+        return await _stream(url, seconds, seed)
+    except InvalidStatus:  # refused before the upgrade (HTTP 429 or 503): one refusal
+        return {"refused": 1, "latencies": []}
+
+
+async def _stream(url: str, seconds: float, seed: int) -> dict[str, Any]:
     """Send real-time frames; time each frame until the Step that consumed it."""
     frames = _audio(seconds, seed)
     sent: dict[int, float] = {}
@@ -216,7 +224,10 @@ class _Server:
         self.port = processes.free_port()
         command = [sys.executable, "-m", "asrpool.cli", "serve", "--model", args.model,
                    "--batch-size", str(args.batch_size), "--device", args.device,
-                   "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+                   "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+                   # Every client connects at once: the pod's new-streams gate (50 a second,
+                   # a burst of 100) would refuse hundreds of them, and this is not its test.
+                   "--new-streams-per-second", "0"]
         if args.torch_threads:
             command += ["--torch-threads", str(args.torch_threads)]
         if args.dtype:

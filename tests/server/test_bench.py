@@ -28,3 +28,14 @@ def test_bench_server_spreads_clients_over_processes(tmp_path: Path) -> None:
     (only,) = result["rounds"]
     assert only["frames"] == 24 and only["refused"] == 0
     assert result["client_processes"] == 2 and result["dtype"] == "float32"
+
+
+def test_bench_server_admits_more_clients_at_once_than_the_pods_new_streams_burst(
+        tmp_path: Path) -> None:
+    # 120 clients connect together, past a pod's default burst of 100 new streams; the
+    # bench measures streams at capacity, so its pod takes any number a second.
+    assert bench_server.main(["--model", "tiny", "--batch-size", "120", "--clients", "120",
+                              "--seconds", "0.5", "--torch-threads", "1",
+                              "--out", str(tmp_path)]) == 0
+    (only,) = json.loads((tmp_path / "server-tiny-cpu-b120.json").read_text())["rounds"]
+    assert only["refused"] == 0 and only["frames"] == 120 * 6
