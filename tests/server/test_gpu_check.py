@@ -39,11 +39,19 @@ def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
                                                        "server tiny x2"]
     assert all(s["rc"] == 0 for s in summary["stages"])
     assert summary["capacity"]["tiny"]["streams_per_gpu"] == 2
-    assert summary["server_at_capacity"]["clients"] == 2
-    assert summary["server_at_capacity"]["refused"] == 0
+    served = summary["server"]
+    assert [r["clients"] for r in served["rounds"]] == [1, 2]  # quarters of 2 slots, once each
+    assert all(r["refused"] == 0 and r["frames"] > 0 for r in served["rounds"])
     assert json.loads((tmp_path / "isolation-tiny-cpu.json").read_text())["ok"] is True
     assert (tmp_path / "capacity-tiny-cpu.png").exists()
     assert "gpu-check summary" in done.stdout
+
+
+def test_the_server_stage_tries_quarters_of_the_capacity() -> None:
+    script: Any = _load_script()
+    assert script.client_rounds(768) == [192, 384, 576, 768]
+    assert script.client_rounds(6) == [1, 3, 4, 6]
+    assert script.client_rounds(1) == [1]
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_exit_2(tmp_path: Path) -> None:
