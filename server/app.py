@@ -10,8 +10,8 @@ import fastapi
 from fastapi import responses
 
 from asrpool.common import auth, builds, protocol, redis_clients
+from asrpool.server import enginechild, pods, settings, streaming, uploads
 from asrpool.server import metrics as metrics_mod
-from asrpool.server import pods, settings, streaming, uploads
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -36,16 +36,7 @@ def _connect_redis(config: settings.ServerSettings) -> aioredis.Redis | None:
 
 
 def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:
-    import torch
-
-    from asrpool.server import engine, models  # torch is imported only when the pod starts
-
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    dtype = models.resolve_dtype(config.dtype, config.device)
-    model = models.load_model(config.model, config.device, dtype, config.context,
-                              config.model_revision)
-    return engine.BatchedEngine(model, config.batch_size)
+    return enginechild.build_engine(enginechild.EngineSpec.of(config))
 
 
 def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.FastAPI:

@@ -5,6 +5,9 @@ markers, at most one frame per slot), run it, and hand the events back to the ev
 loop with ``loop.call_soon_threadsafe``. It steps as soon as any slot has a full frame:
 no pacing, so a fast client is served as fast as the model allows and a real-time
 client's frame waits at most one step.
+
+Who runs a batch is a :class:`Runner`: :class:`InProcess` (the engine in this thread)
+or ``enginechild.ChildRunner`` (the engine in a child process, ``--engine-process``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -47,20 +50,52 @@ class Ready:
     state_nbytes: int
 
 
-class EngineLoop:
-    """Runs the engine in its own thread; callbacks run on ``loop``."""
+class Runner(Protocol):
+    """Runs batches for the engine thread: ``ready`` first (it loads and warms the
+    model), then ``run`` per batch, ``close`` at the end; each raises what went wrong."""
 
-    def __init__(self, factory: EngineFactory, buffers: slots.SlotBuffers,
-                 loop: asyncio.AbstractEventLoop, on_output: Callable[[StepOutput], None],
-                 on_ready: Callable[[Ready], None], on_failure: Callable[[BaseException], None],
-                 warmup_steps: int = 2) -> None:
+    def ready(self) -> Ready: ...
+
+    def run(self, batch: slots.Batch) -> StepOutput: ...
+
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """The engine in the engine thread itself."""
+
+    def __init__(self, factory: EngineFactory, warmup_steps: int = 2) -> None:
         self._factory = factory
+        self._warmup_steps = warmup_steps
+        self._engine: engine_mod.BatchedEngine | None = None
+
+    def ready(self) -> Ready:
+        self._engine = engine = self._factory()
+        warm_up(engine, self._warmup_steps)
+        return Ready(engine.model.model_id, engine.state_nbytes())
+
+    def run(self, batch: slots.Batch) -> StepOutput:
+        assert self._engine is not None, "run before ready"
+        return run_batch(self._engine, batch)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+
+
+class EngineLoop:
+    """Runs batches in its own thread; callbacks run on ``loop``."""
+
+    def __init__(self, open_runner: Callable[[], Runner], buffers: slots.SlotBuffers,
+                 loop: asyncio.AbstractEventLoop, on_output: Callable[[StepOutput], None],
+                 on_ready: Callable[[Ready], None],
+                 on_failure: Callable[[BaseException], None]) -> None:
+        self._open_runner = open_runner
         self._buffers = buffers
         self._loop = loop
         self._on_output = on_output
         self._on_ready = on_ready
         self._on_failure = on_failure
-        self._warmup_steps = warmup_steps
         self._thread = threading.Thread(target=self._run, name="asrpool-engine", daemon=True)
 
     def start(self) -> None:
@@ -72,34 +107,29 @@ class EngineLoop:
 
     def _run(self) -> None:
         try:
-            engine = self._factory()
-        except BaseException as exc:  # report every failure to load: the pod must exit
+            runner = self._open_runner()
+        except BaseException as exc:  # report every failure to start: the pod must exit
             self._loop.call_soon_threadsafe(self._on_failure, exc)
             return
         try:
-            self._warm_up(engine)
-            self._loop.call_soon_threadsafe(
-                self._on_ready, Ready(engine.model.model_id, engine.state_nbytes()))
-            self._serve(engine)
+            self._loop.call_soon_threadsafe(self._on_ready, runner.ready())
+            while (batch := self._buffers.take()) is not None:
+                self._loop.call_soon_threadsafe(self._on_output, runner.run(batch))
         except BaseException as exc:  # a dead engine must not leave a live-looking pod
             logger.exception("engine thread failed")
             self._loop.call_soon_threadsafe(self._on_failure, exc)
         finally:
-            engine.close()
+            runner.close()
 
-    def _warm_up(self, engine: engine_mod.BatchedEngine) -> None:
-        """The first steps pay for compilation and allocation; pay before taking clients."""
-        started = time.monotonic()
-        silence = np.zeros(slots.FRAME_SIZE, dtype=np.float32)
-        for _ in range(self._warmup_steps):
-            engine.step(dict.fromkeys(range(engine.batch_size), silence))
-        engine.reset_slots(range(engine.batch_size))
-        logger.info("engine warmed up in %.1f s", time.monotonic() - started)
 
-    def _serve(self, engine: engine_mod.BatchedEngine) -> None:
-        while (batch := self._buffers.take()) is not None:
-            output = run_batch(engine, batch)
-            self._loop.call_soon_threadsafe(self._on_output, output)
+def warm_up(engine: engine_mod.BatchedEngine, steps: int) -> None:
+    """The first steps pay for compilation and allocation; pay before taking clients."""
+    started = time.monotonic()
+    silence = np.zeros(slots.FRAME_SIZE, dtype=np.float32)
+    for _ in range(steps):
+        engine.step(dict.fromkeys(range(engine.batch_size), silence))
+    engine.reset_slots(range(engine.batch_size))
+    logger.info("engine warmed up in %.1f s", time.monotonic() - started)
 
 
 def run_batch(engine: engine_mod.BatchedEngine, batch: slots.Batch) -> StepOutput:

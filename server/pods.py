@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from asrpool.common import auth, heap, limits, protocol, rates, registry
 from asrpool.server import (
     engine_loop,
+    enginechild,
     handles,
     heartbeat,
     metrics,
@@ -90,8 +91,8 @@ class Pod:
                 return
         loop = asyncio.get_running_loop()
         self._engine = engine_loop.EngineLoop(
-            self.deps.engine_factory, self.buffers, loop, self._on_output, self._on_ready,
-            self._on_failure, self.settings.warmup_steps)
+            lambda: self._open_runner(loop), self.buffers, loop, self._on_output, self._on_ready,
+            self._on_failure)
         self._engine.start()
         if self.settings.opus_workers:
             self.lanes = opuslanes.OpusLanes(
@@ -114,6 +115,15 @@ class Pod:
             await asyncio.to_thread(self._engine.stop)
         if self.lanes is not None:
             await asyncio.to_thread(self.lanes.close)
+
+    def _open_runner(self, loop: asyncio.AbstractEventLoop) -> engine_loop.Runner:
+        """The engine in its own process (``--engine-process``: the settings name the
+        model) or in the engine thread (the model ``deps`` builds)."""
+        if self.settings.engine_process:
+            return enginechild.ChildRunner(
+                enginechild.EngineSpec.of(self.settings), self.settings.warmup_steps,
+                on_exit=lambda exc: loop.call_soon_threadsafe(self._on_failure, exc))
+        return engine_loop.InProcess(self.deps.engine_factory, self.settings.warmup_steps)
 
     def begin_drain(self) -> bool:
         """Stop taking streams now; False if the pod was not serving (nothing to drain)."""

@@ -108,6 +108,11 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     opus_workers: int = pydantic.Field(
         default=0, ge=0, le=64, description="child processes decoding streams' OggOpus "
         "(0: on the event loop)")
+    # The engine beside the event loop, not under its GIL (server.enginechild): the first
+    # H200 run's pod of 768 slots kept up with 256 clients in one process, not 512.
+    engine_process: bool = pydantic.Field(
+        default=False, description="run the model in a child process of its own (for "
+        "hundreds of streams per GPU; the pod's event loop then shares no GIL with it)")
     warmup_steps: int = pydantic.Field(
         default=2, ge=0, description="engine steps run before the pod is ready")
 

@@ -1,0 +1,219 @@
+"""The engine in a child process of its own (``--engine-process``).
+
+In one process the engine thread shares the GIL with the event loop, which reads,
+decodes and answers every stream: on the first H200 run a pod of 768 stt-1b-en_fr
+slots kept up with 256 clients and not 512, its steps lengthened by the loop's work.
+Here the child owns the model and runs each :class:`slots.Batch` (``run_batch``, as the
+thread does); the pod's engine thread only hands batches over and results back.
+
+- Frames travel in one shared array of ``batch_size`` rows of 1920 samples (the
+  parent writes a slot's row, the child reads it while the parent waits); the rest of
+  the batch and the :class:`engine_loop.StepOutput` travel pickled on a pipe.
+- The child ignores SIGINT and SIGTERM: the pod decides when it ends (a Ctrl-C in a
+  terminal reaches the whole process group, and the pod drains first). It exits when
+  the pipe closes, so a pod killed outright takes it along.
+- Any failure of the child (its load, a step, its death) raises in the parent's engine
+  thread, which fails the pod as a failed engine thread does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import multiprocessing
+import pickle
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing import connection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from asrpool.server import engine_loop, slots
+
+if TYPE_CHECKING:
+    from asrpool.server import engine as engine_mod
+    from asrpool.server import settings as settings_mod
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """What the engine is built from: picklable, so a child process can build it."""
+
+    model: str
+    batch_size: int
+    device: str = "cpu"
+    dtype: str = "auto"
+    context: int | None = None
+    revision: str | None = None
+    torch_threads: int | None = None
+
+    @classmethod
+    def of(cls, config: settings_mod.ServerSettings) -> EngineSpec:
+        return cls(config.model, config.batch_size, config.device, config.dtype,
+                   config.context, config.model_revision, config.torch_threads)
+
+
+def build_engine(spec: EngineSpec) -> engine_mod.BatchedEngine:
+    import torch
+
+    from asrpool.server import engine, models  # torch is imported only when the pod starts
+
+    if spec.torch_threads:
+        torch.set_num_threads(spec.torch_threads)
+    dtype = models.resolve_dtype(spec.dtype, spec.device)
+    model = models.load_model(spec.model, spec.device, dtype, spec.context, spec.revision)
+    return engine.BatchedEngine(model, spec.batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    """The child's last word: what went wrong, with the exception where it pickles (so a
+    model that cannot be had is still ``models.ModelError``: the pod's exit 3)."""
+
+    stage: str
+    trace: str
+    error: BaseException | None
+
+    @classmethod
+    def now(cls, stage: str, error: BaseException) -> _Failed:
+        trace = "".join(traceback.format_exception(error))
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # any exception may refuse to pickle, or to unpickle
+            return cls(stage, trace, None)
+        return cls(stage, trace, error)
+
+
+class EngineChildError(RuntimeError):
+    pass
+
+
+class ChildRunner:
+    """The parent's side: runs batches in the child; one caller (the engine thread)."""
+
+    def __init__(self, spec: EngineSpec, warmup_steps: int,
+                 on_exit: Callable[[BaseException], object] | None = None) -> None:
+        """``on_exit`` hears (from a thread of its own) of a child that exits before
+        ``close``: an idle pod's engine thread waits for work and would not notice."""
+        context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA
+        self._shared: Any = context.RawArray(ctypes.c_float, spec.batch_size * slots.FRAME_SIZE)
+        self._rows = _rows(self._shared, spec.batch_size)
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=_child_main, args=(spec, warmup_steps, child_conn, self._shared),
+            name="asrpool-engine", daemon=True)
+        self._process.start()
+        child_conn.close()
+        self._closing = False
+        self._on_exit = on_exit
+        threading.Thread(target=self._watch, name="asrpool-engine-watch", daemon=True).start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def ready(self) -> engine_loop.Ready:
+        """Blocks until the child has loaded and warmed the model."""
+        answer = self._receive()
+        assert isinstance(answer, engine_loop.Ready), answer
+        return answer
+
+    def run(self, batch: slots.Batch) -> engine_loop.StepOutput:
+        for slot, frame in batch.frames.items():
+            self._rows[slot] = frame
+        try:
+            self._conn.send((dataclasses.replace(batch, frames={}), list(batch.frames)))
+        except OSError:
+            raise self._gone() from None
+        output = self._receive()
+        assert isinstance(output, engine_loop.StepOutput), output
+        if not output.lags:
+            return output
+        done = time.monotonic()  # the lag of a frame includes its way back
+        return dataclasses.replace(
+            output, lags={slot: done - arrival for slot, arrival in batch.arrivals.items()})
+
+    def close(self, timeout: float = STOP_TIMEOUT) -> None:
+        self._closing = True
+        with contextlib.suppress(OSError):  # the child may be gone already
+            self._conn.send(None)
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout)
+        self._conn.close()
+
+    def _receive(self) -> object:
+        try:
+            answer: object = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._gone() from None
+        if isinstance(answer, _Failed):
+            logger.error("the engine process failed to %s:\n%s", answer.stage, answer.trace)
+            raise answer.error or EngineChildError(f"the engine process failed to "
+                                                   f"{answer.stage}")
+        return answer
+
+
+    def _watch(self) -> None:
+        connection.wait([self._process.sentinel])
+        if not self._closing and self._on_exit is not None:
+            self._on_exit(self._gone())
+
+    def _gone(self) -> EngineChildError:
+        self._process.join(STOP_TIMEOUT)
+        return EngineChildError(f"the engine process exited (code {self._process.exitcode}) "
+                                "without an answer")
+
+
+def _rows(shared: Any, batch_size: int) -> NDArray[np.float32]:
+    rows: NDArray[np.float32] = np.frombuffer(shared, dtype=np.float32).reshape(
+        batch_size, slots.FRAME_SIZE)
+    return rows
+
+
+def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection,
+                shared: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stage = "load the model"
+    try:
+        engine = build_engine(spec)
+    except BaseException as exc:  # every failure to load is the pod's to report
+        conn.send(_Failed.now(stage, exc))
+        return
+    try:
+        stage = "warm up"
+        engine_loop.warm_up(engine, warmup_steps)
+        conn.send(engine_loop.Ready(engine.model.model_id, engine.state_nbytes()))
+        stage = "run a step"
+        _serve(engine, conn, _rows(shared, spec.batch_size))
+    except BaseException as exc:
+        conn.send(_Failed.now(stage, exc))
+    finally:
+        engine.close()
+
+
+def _serve(engine: engine_mod.BatchedEngine, conn: connection.Connection,
+           rows: NDArray[np.float32]) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the pod is gone
+            return
+        if message is None:
+            return
+        batch, frame_slots = message
+        frames = {slot: rows[slot] for slot in frame_slots}
+        conn.send(engine_loop.run_batch(engine, dataclasses.replace(batch, frames=frames)))
