@@ -55,6 +55,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--client-processes", type=int, default=1,
                         help="spread the clients over this many processes (hundreds of "
                              "clients outrun one event loop, which would count as latency)")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="the pod's engine in a child process (serve --engine-process)")
     parser.add_argument("--max-p99", type=float, default=0.5,
                         help="p99 latency (s) under which N counts as real time")
     parser.add_argument("--out", default="bench/results")
@@ -83,7 +85,8 @@ def main(argv: list[str]) -> int:
 
 def _out_path(args: argparse.Namespace, suffix: str) -> Path:
     """The JSON result (``.json``) or the server's output (``.log``)."""
-    return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{suffix}"
+    mode = "-process" if args.engine_process else ""
+    return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
 
 
 def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
@@ -95,6 +98,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
         "benchmark": "server", "model": args.model, "device": args.device,
         "batch_size": args.batch_size, "seconds_per_client": args.seconds,
         "dtype": args.dtype, "client_processes": args.client_processes,
+        "engine_process": args.engine_process,
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
@@ -232,6 +236,8 @@ class _Server:
             command += ["--torch-threads", str(args.torch_threads)]
         if args.dtype:
             command += ["--dtype", args.dtype]
+        if args.engine_process:
+            command.append("--engine-process")
         log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()
         try:
@@ -264,7 +270,8 @@ class _Server:
 
 
 class _RssSampler:
-    """The server's resident memory every half second, from /proc (Linux)."""
+    """The server's resident memory every half second, from /proc (Linux): its process
+    and its children's (an engine process, decoders), summed."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -281,10 +288,16 @@ class _RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            with contextlib.suppress(OSError, StopIteration):
-                status = Path(f"/proc/{self.pid}/status").read_text().splitlines()
-                line = next(s for s in status if s.startswith("VmRSS:"))
-                self.samples.append((time.monotonic() - self._start, int(line.split()[1]) * 1024))
+            with contextlib.suppress(OSError):
+                total = sum(map(_rss_bytes, {self.pid, *processes.descendants(self.pid)}))
+                self.samples.append((time.monotonic() - self._start, total))
+
+
+def _rss_bytes(pid: int) -> int:
+    """0 for a zombie (no VmRSS); OSError for a process gone meanwhile."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    line = next((s for s in status if s.startswith("VmRSS:")), None)
+    return 0 if line is None else int(line.split()[1]) * 1024
 
 
 def _print_summary(result: dict[str, Any], path: Path) -> None:

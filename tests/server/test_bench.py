@@ -39,3 +39,14 @@ def test_bench_server_admits_more_clients_at_once_than_the_pods_new_streams_burs
                               "--out", str(tmp_path)]) == 0
     (only,) = json.loads((tmp_path / "server-tiny-cpu-b120.json").read_text())["rounds"]
     assert only["refused"] == 0 and only["frames"] == 120 * 6
+
+
+def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Path) -> None:
+    assert bench_server.main(["--model", "tiny", "--batch-size", "2", "--clients", "2",
+                              "--seconds", "1", "--torch-threads", "1", "--engine-process",
+                              "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server-tiny-cpu-b2-process.json").read_text())
+    (only,) = result["rounds"]
+    assert only["frames"] == 24 and only["refused"] == 0 and result["engine_process"] is True
+    # The pod's memory counts its engine process's: torch and the model live there.
+    assert min(mib for _, mib in result["rss_mib_over_time"]) > 300
