@@ -63,14 +63,15 @@ def chart_values() -> dict[str, Any]:
     }
 
 
-def pool(name: str, slots: int, revision: str | None = None,
-         opus_workers: int = 0) -> dict[str, Any]:
+def pool(name: str, slots: int, revision: str | None = None, opus_workers: int = 0,
+         env: dict[str, str] | None = None) -> dict[str, Any]:
     model: dict[str, Any] = {"name": "tiny", **({"revision": revision} if revision else {})}
     return {"apiVersion": f"{naming.GROUP}/{naming.VERSION}", "kind": naming.KIND,
             "metadata": {"name": name},
             "spec": {"model": model, "slots": slots, "slotsPerPod": 1,
                      "imagePullPolicy": "Never", "drainGracePeriodSeconds": 60,
                      "opusWorkers": opus_workers,
+                     "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
                      "resources": {"gpus": 0, "cpu": "100m", "memory": "1Gi"}}}
 
 
@@ -157,9 +158,11 @@ def test_streams_through_the_routers_service_get_words_pcm_and_opus_through_lane
     """Client pods (the server image has the file reader) stream samples/hello.wav to
     the router's Service by its DNS name, through kube-proxy and CoreDNS: once as PCM,
     once as Ogg Opus, which the pool's pod decodes in its Opus lanes (``opusWorkers``),
-    child processes of the locked-down server container."""
+    child processes of the locked-down server container; its model runs in an engine
+    process too (``--engine-process``, through the pool's ``env``)."""
     namespace = release.namespace
-    cluster.apply(namespace, pool("stt", slots=1, opus_workers=2))
+    cluster.apply(namespace, pool("stt", slots=1, opus_workers=2,
+                                  env={"ASRPOOL_ENGINE_PROCESS": "true"}))
     (server,) = asyncio.run(eventually(lambda: serving(cluster, namespace, "stt", 1),
                                        STARTUP, period=2.0))
     cluster.kubectl("create", "configmap", "sample", "-n", namespace,
@@ -168,7 +171,8 @@ def test_streams_through_the_routers_service_get_words_pcm_and_opus_through_lane
         messages = _streamed_from_a_pod(cluster, release, f"client-{name}", flags)
         assert [m for m in messages if m.get("type") == "Word"], (name, messages)
         assert not [m for m in messages if m.get("type") == "Error"], (name, messages)
-    assert _opus_lanes(cluster, namespace, server) == 2
+    assert _children_running(cluster, namespace, server, "asrpool.server.opusworker") == 2
+    assert _children_running(cluster, namespace, server, "spawn_main") == 1  # the engine
     asyncio.run(eventually(lambda: serving(cluster, namespace, "stt", 1), WAIT))  # slot free
     cluster.kubectl("delete", "-n", namespace, "asrpool/stt", "--wait=true")
 
@@ -202,11 +206,13 @@ def _streamed_from_a_pod(cluster: NodeCluster, release: Release, name: str,
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
-def _opus_lanes(cluster: NodeCluster, namespace: str, pod: str) -> int:
-    """The Opus lanes' child processes running in the server container."""
-    # The module's name split, so that this command's own cmdline does not count.
-    count = ("import pathlib; module = b'asrpool.server.' + b'opusworker'; print(sum("
-             "module in p.read_bytes() for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')))")
+def _children_running(cluster: NodeCluster, namespace: str, pod: str, marker: str) -> int:
+    """Processes in the server container whose command line holds ``marker``: the Opus
+    lanes run their module, a multiprocessing child ``spawn_main``."""
+    # The marker's bytes are written out as numbers, so this command's own cmdline
+    # does not count.
+    count = (f"import pathlib; marker = bytes({list(marker.encode())}); print(sum("
+             "marker in p.read_bytes() for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')))")
     return int(cluster.exec(namespace, pod, "python3", "-c", count))
 
 
