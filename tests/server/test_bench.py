@@ -1,9 +1,12 @@
-"""``asrpool bench server`` runs end to end (a smoke run; the numbers are not checked)."""
+"""``asrpool bench server`` and ``bench gil`` run end to end (smoke runs; the numbers are not
+checked)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from asrpool.bench import server as bench_server
 
@@ -50,3 +53,25 @@ def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Pa
     assert only["frames"] == 24 and only["refused"] == 0 and result["engine_process"] is True
     # The pod's memory counts its engine process's: torch and the model live there.
     assert min(mib for _, mib in result["rss_mib_over_time"]) > 300
+
+
+def test_bench_gil_times_the_engine_both_ways_under_a_busy_loop(tmp_path: Path) -> None:
+    from asrpool.bench import gil
+
+    assert gil.main(["--model", "tiny", "--batch", "2", "--steps", "2", "--rounds", "1",
+                     "--busy", "0,0.5", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gil-tiny-b2.json").read_text())
+    assert [row["busy"] for row in result["loads"]] == [0.0, 0.5]
+    for row in result["loads"]:
+        assert row["thread_step_ms"] > 0 and row["process_step_ms"] > 0
+        assert 0 < row["process_handover_ms"] < row["process_step_ms"]
+        assert len(row["rounds_ms"]["thread"]) == len(row["rounds_ms"]["process"]) == 1
+
+
+def test_bench_gil_refuses_a_loop_busy_all_the_time(capsys: pytest.CaptureFixture[str]) -> None:
+    from asrpool.bench import gil
+
+    with pytest.raises(SystemExit) as exit_info:
+        gil.main(["--busy", "0,1"])
+    assert exit_info.value.code == 2
+    assert "--busy: each share must be in [0, 1), got 0,1" in capsys.readouterr().err
