@@ -8,20 +8,18 @@ Priorities are random unless given, since kopf freezes every replica of a tie.
 
 from __future__ import annotations
 
-import logging
 import secrets
 
 import kopf
 
+from asrpool.common import logs
 from asrpool.operator import handlers, settings
 
 MAX_PRIORITY = 2**31 - 1
 
 
 def run(config: settings.OperatorSettings) -> int:
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(config.log_level)
     kopf.run(
         registry=handlers.build_registry(config),
         clusterwide=config.all_namespaces,

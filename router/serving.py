@@ -20,7 +20,7 @@ import time
 
 import uvicorn
 
-from asrpool.common import auth, limits
+from asrpool.common import auth, limits, logs
 from asrpool.router import app, metrics, settings, wiring
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,7 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
 
 
 def serve(config: settings.RouterSettings) -> int:
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(config.log_level)
     if config.workers == 1:
         return _run(config, None)
     shared = _bind(config, reuse_port=False) if config.port == 0 else None

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from asrpool.common import logs
 from asrpool.server import engine_loop, slots
 
 if TYPE_CHECKING:
@@ -111,7 +112,9 @@ class ChildRunner:
         self._rows = _rows(self._shared, spec.batch_size)
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(
-            target=_child_main, args=(spec, warmup_steps, child_conn, self._shared),
+            target=_child_main,
+            args=(spec, warmup_steps, child_conn, self._shared,
+                  logging.getLogger().getEffectiveLevel()),
             name="asrpool-engine", daemon=True)
         self._process.start()
         child_conn.close()
@@ -184,9 +187,10 @@ def _rows(shared: Any, batch_size: int) -> NDArray[np.float32]:
 
 
 def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection,
-                shared: Any) -> None:
+                shared: Any, log_level: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logs.configure(log_level)  # a spawned child starts with logging as Python leaves it
     stage = "load the model"
     try:
         engine = build_engine(spec)

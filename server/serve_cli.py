@@ -9,11 +9,10 @@ runs or prints its help.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from asrpool.common import settings_cli
+from asrpool.common import logs, settings_cli
 
 if TYPE_CHECKING:
     from asrpool.server import pods, settings
@@ -56,8 +55,7 @@ def _serve(prepared: tuple[settings.ServerSettings, pods.Deps]) -> int:
     from asrpool.server import draining
 
     config, deps = prepared
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.log_level)
     app = app_mod.create_app(config, deps)
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port,

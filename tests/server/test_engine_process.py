@@ -82,6 +82,7 @@ async def test_a_pod_with_its_engine_in_a_child_streams_the_same_words(tmp_path:
         messages = await kyutai_client.transcribe(server.ws_url, pcm)
         assert kyutai_client.words(messages) == reference.file_words(pcm, conftest.BATCH)
         assert server.metric("asr_model_step_duration_count")
+        assert "asrpool.server.engine_loop: engine warmed up" in server.log()  # the child's
         server.signal(signal.SIGTERM)
         assert server.wait(60) == 0
     assert not processes.alive(child)
