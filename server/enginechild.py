@@ -168,7 +168,6 @@ class ChildRunner:
                                                    f"{answer.stage}")
         return answer
 
-
     def _watch(self) -> None:
         connection.wait([self._process.sentinel])
         if not self._closing and self._on_exit is not None:
@@ -195,7 +194,7 @@ def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection
     try:
         engine = build_engine(spec)
     except BaseException as exc:  # every failure to load is the pod's to report
-        conn.send(_Failed.now(stage, exc))
+        _last_word(conn, _Failed.now(stage, exc))
         return
     try:
         stage = "warm up"
@@ -204,9 +203,14 @@ def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection
         stage = "run a step"
         _serve(engine, conn, _rows(shared, spec.batch_size))
     except BaseException as exc:
-        conn.send(_Failed.now(stage, exc))
+        _last_word(conn, _Failed.now(stage, exc))
     finally:
         engine.close()
+
+
+def _last_word(conn: connection.Connection, failed: _Failed) -> None:
+    with contextlib.suppress(OSError):  # the pod may be gone: that may be the failure
+        conn.send(failed)
 
 
 def _serve(engine: engine_mod.BatchedEngine, conn: connection.Connection,
