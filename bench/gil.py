@@ -144,7 +144,7 @@ def _result(args: argparse.Namespace,
         thread = statistics.median(step for step, _ in samples["thread"][load])
         process = statistics.median(step for step, _ in samples["process"][load])
         handover = statistics.median(h for _, h in samples["process"][load])
-        rows.append({"busy": load, "thread_step_ms": round(thread, 2),
+        rows.append({"loop_busy": load, "thread_step_ms": round(thread, 2),
                      "process_step_ms": round(process, 2),
                      "process_over_thread": round(process / thread, 3),
                      "process_handover_ms": round(handover, 3),
@@ -159,7 +159,7 @@ def _result(args: argparse.Namespace,
 def _print(result: dict[str, Any], path: Path) -> None:
     print(f"gil: {result['model']} x{result['batch']} -> {path}")
     for row in result["loads"]:
-        print(f"  loop busy {row['busy']:.0%}: step {row['thread_step_ms']:.1f} ms in the "
+        print(f"  loop busy {row['loop_busy']:.0%}: step {row['thread_step_ms']:.1f} ms in the "
               f"engine thread, {row['process_step_ms']:.1f} ms in an engine process "
               f"(x{row['process_over_thread']:.2f}; its hand-over "
               f"{row['process_handover_ms']:.2f} ms)")

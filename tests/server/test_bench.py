@@ -61,7 +61,7 @@ def test_bench_gil_times_the_engine_both_ways_under_a_busy_loop(tmp_path: Path) 
     assert gil.main(["--model", "tiny", "--batch", "2", "--steps", "2", "--rounds", "1",
                      "--busy", "0,0.5", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gil-tiny-b2.json").read_text())
-    assert [row["busy"] for row in result["loads"]] == [0.0, 0.5]
+    assert [row["loop_busy"] for row in result["loads"]] == [0.0, 0.5]
     for row in result["loads"]:
         assert row["thread_step_ms"] > 0 and row["process_step_ms"] > 0
         assert 0 < row["process_handover_ms"] < row["process_step_ms"]
