@@ -289,15 +289,8 @@ class _RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             with contextlib.suppress(OSError):
-                total = sum(map(_rss_bytes, {self.pid, *processes.descendants(self.pid)}))
+                total = sum(map(processes.rss_bytes, {self.pid, *processes.descendants(self.pid)}))
                 self.samples.append((time.monotonic() - self._start, total))
-
-
-def _rss_bytes(pid: int) -> int:
-    """0 for a zombie (no VmRSS); OSError for a process gone meanwhile."""
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    line = next((s for s in status if s.startswith("VmRSS:")), None)
-    return 0 if line is None else int(line.split()[1]) * 1024
 
 
 def _print_summary(result: dict[str, Any], path: Path) -> None:

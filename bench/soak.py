@@ -131,13 +131,6 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 # The neighbour
 
 
@@ -208,12 +201,12 @@ def non_readers(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
 def header_floods(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
     head = (b"GET /api/asr-streaming HTTP/1.1\r\nHost: x\r\nX-Filler: "
             + b"a" * (opts.head_mib << 20))
-    rss = proc_rss(target.pid)
+    rss = processes.rss_bytes(target.pid)
     statuses = attacks.in_threads(opts.header_floods, lambda: attacks.status_of(
         attacks.exchange(target.address, head, 30)))
     return {"tried": opts.header_floods, "bytes_each": len(head),
             "statuses": attacks.counted(statuses), "survived": _alive(target),
-            "rss_growth_mib": round((proc_rss(target.pid) - rss) / 2**20, 1)}
+            "rss_growth_mib": round((processes.rss_bytes(target.pid) - rss) / 2**20, 1)}
 
 
 def query_floods(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
@@ -487,7 +480,7 @@ class MemoryWatch:
 
     def __init__(self, pids: dict[str, int], interval: float = 0.1) -> None:
         self.pids, self.interval = pids, interval
-        self.start = {name: proc_rss(pid) for name, pid in pids.items()}
+        self.start = {name: processes.rss_bytes(pid) for name, pid in pids.items()}
         self.peak = dict(self.start)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -496,7 +489,7 @@ class MemoryWatch:
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
             for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], proc_rss(pid))
+                self.peak[name] = max(self.peak[name], processes.rss_bytes(pid))
 
     def growth_mib(self) -> dict[str, float]:
         self._stop.set()

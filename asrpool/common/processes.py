@@ -206,6 +206,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid``, from /proc (Linux): 0 for a zombie (it has
+    none), OSError for a process that is gone."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def parents() -> dict[int, int]:
     """Every live process's parent, from /proc (Linux); processes that exit meanwhile
     are left out."""
