@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,14 +83,33 @@ def _decode_opus(data: bytes) -> NDArray[np.float32]:
 
 
 def _decode_file(data: bytes, max_seconds: float | None) -> NDArray[np.float32]:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(prefix="asrpool-upload-") as file:
-        file.write(data)
-        file.flush()
+    with _body_file(data) as path:
         if max_seconds is None:
-            return _decode_first_channel(file.name)
-        return _decode_first_channel_within(file.name, max_seconds)
+            return _decode_first_channel(path)
+        return _decode_first_channel_within(path, max_seconds)
+
+
+@contextlib.contextmanager
+def _body_file(data: bytes) -> Iterator[str]:
+    """A path to ``data`` for sphn, which reads only paths. On Linux an anonymous
+    in-memory file (``memfd``) that goes with the process however it ends: a decoder
+    killed at its deadline, or aborted by Rust at its memory limit, leaves nothing on
+    the pod's disk, where a temporary file would stay (an upload's size each time)."""
+    if not (hasattr(os, "memfd_create") and Path("/proc/self/fd").is_dir()):
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix="asrpool-upload-") as file:
+            file.write(data)
+            file.flush()
+            yield file.name
+        return
+    descriptor = os.memfd_create("asrpool-upload", os.MFD_CLOEXEC)
+    try:
+        with open(descriptor, "wb", closefd=False) as file:
+            file.write(data)
+        yield f"/proc/self/fd/{descriptor}"
+    finally:
+        os.close(descriptor)
 
 
 def _decode_first_channel(path: str) -> NDArray[np.float32]:

@@ -126,6 +126,30 @@ def test_a_decode_past_its_deadline_is_413_and_leaves_no_child() -> None:
     assert _children() <= before
 
 
+def test_a_decode_killed_midway_leaves_nothing_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rust aborts at the memory limit (every time: the first case left a file before)
+    and the deadline kills: no cleanup runs in the child, so its copy of the body must
+    not be a file (a pod's /tmp would fill up by an upload's size per refusal)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the child's temporary files
+    body = _multichannel_wav(60.0, 8, 48_000)
+    for limits, kind in ((decoding.Limits(3600.0, 256 << 20, 60.0), "memory_bytes"),
+                         (decoding.Limits(3600.0, 1 << 30, 0.05), "timeout_seconds")):
+        with pytest.raises(decoding.Refused, match=f"decode_{kind}"):
+            asyncio.run(decoding.decode(body, limits))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_system_without_memfd_decodes_from_a_temporary_file_it_removes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = _multichannel_wav(2.0, 2, 48_000)
+    decoded = audio.decode_audio_bytes(body, MAX_SECONDS)
+    monkeypatch.delattr(os, "memfd_create")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    assert np.array_equal(audio.decode_audio_bytes(body, MAX_SECONDS), decoded)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _children() -> set[str]:
     return {pid for path in Path("/proc/self/task").glob("*/children")
             for pid in path.read_text().split()}
