@@ -14,7 +14,7 @@ loop then holds it; on the CPU the engine's own arithmetic also runs with the GI
 released, so these figures show the mechanism, not a GPU's numbers (``bench/gpu-check``
 runs ``bench server`` both ways for those).
 
-    asrpool bench gil --model tiny --batch 16 --busy 0,0.5,0.9 --rounds 3
+    asrpool bench gil --model tiny --batch 16 --busy 0,0.5,0.75 --switch-ms 5,0.2 --rounds 3
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,8 +47,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=30, help="timed steps per load")
-    parser.add_argument("--busy", default="0,0.5,0.9",
+    parser.add_argument("--busy", default="0,0.5,0.75",
                         help="comma-separated shares of the time the loop is busy")
+    parser.add_argument("--switch-ms", default="5,0.2",
+                        help="comma-separated switch intervals of the GIL (ms)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--out", default="bench/results")
@@ -55,18 +58,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.loads = [float(x) for x in args.busy.split(",")]
     if not all(0 <= load < 1 for load in args.loads):
         parser.error(f"--busy: each share must be in [0, 1), got {args.busy}")
+    args.switches = [float(x) for x in args.switch_ms.split(",")]
+    if not all(0 < switch <= 1000 for switch in args.switches):
+        parser.error(f"--switch-ms: each interval must be in (0, 1000] ms, got {args.switch_ms}")
     return args
+
+
+Sample = tuple[float, float, float]  # median step (ms), median hand-over (ms), loop rate
+Samples = dict[tuple[str, float, float], list[Sample]]  # (mode, switch ms, load) -> rounds
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     spec = enginechild.EngineSpec(args.model, args.batch, torch_threads=args.torch_threads)
-    samples: dict[str, dict[float, list[tuple[float, float]]]] = {
-        m: {b: [] for b in args.loads} for m in MODES}
+    samples: Samples = {}
     for _ in range(args.rounds):
-        for mode in MODES:
-            for load, times in _round(spec, mode, args).items():
-                samples[mode][load].append(times)
+        for switch in args.switches:
+            for mode in MODES:
+                for load, sample in _round(spec, mode, switch, args).items():
+                    samples.setdefault((mode, switch, load), []).append(sample)
     result = _result(args, samples)
     path = Path(args.out) / f"gil-{args.model}-b{args.batch}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,17 +91,20 @@ def _runner(spec: enginechild.EngineSpec, mode: str) -> engine_loop.Runner:
     return engine_loop.InProcess(lambda: enginechild.build_engine(spec), warmup_steps=2)
 
 
-def _round(spec: enginechild.EngineSpec, mode: str,
-           args: argparse.Namespace) -> dict[float, tuple[float, float]]:
-    """Median step and median hand-over (ms) at each load, one runner for them all."""
+def _round(spec: enginechild.EngineSpec, mode: str, switch_ms: float,
+           args: argparse.Namespace) -> dict[float, Sample]:
+    """Each load's sample, one runner for them all, under the given switch interval."""
     runner = _runner(spec, mode)
+    default = sys.getswitchinterval()
     try:
         runner.ready()
         step = _stepper(runner, spec.batch_size)
         for _ in range(3):
             step()
+        sys.setswitchinterval(switch_ms / 1e3)
         return {load: _timed(step, args.steps, load) for load in args.loads}
     finally:
+        sys.setswitchinterval(default)
         runner.close()
 
 
@@ -109,9 +122,10 @@ def _stepper(runner: engine_loop.Runner, batch: int) -> Callable[[], float]:
     return step
 
 
-def _timed(step: Callable[[], float], steps: int, load: float) -> tuple[float, float]:
+def _timed(step: Callable[[], float], steps: int, load: float) -> Sample:
     stop = threading.Event()
-    loop = threading.Thread(target=_busy_loop, args=(load, stop), daemon=True)
+    busy = _BusyLoop(load)
+    loop = threading.Thread(target=busy.run, args=(stop,), daemon=True)
     loop.start()
     try:
         times, handovers = [], []
@@ -123,43 +137,69 @@ def _timed(step: Callable[[], float], steps: int, load: float) -> tuple[float, f
     finally:
         stop.set()
         loop.join()
-    return statistics.median(times) * 1e3, statistics.median(handovers) * 1e3
+    return statistics.median(times) * 1e3, statistics.median(handovers) * 1e3, busy.rate()
 
 
-def _busy_loop(load: float, stop: threading.Event) -> None:
-    """Decode 80 ms Audio messages for ``load`` of every 10 ms (none at 0)."""
-    message = msgpack.packb({"type": "Audio", "pcm": [0.1] * protocol.FRAME_SIZE},
-                            use_single_float=True)
-    while not stop.is_set():
-        until = time.perf_counter() + load * SLICE_S
-        while time.perf_counter() < until:
-            msgpack.unpackb(message)
-        time.sleep((1 - load) * SLICE_S)
+class _BusyLoop:
+    """Decodes 80 ms Audio messages for ``load`` of every 10 ms (none at 0), counting
+    them and the time it spent busy."""
+
+    def __init__(self, load: float) -> None:
+        self.load = load
+        self.decoded = 0
+        self.busy_s = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        message = msgpack.packb({"type": "Audio", "pcm": [0.1] * protocol.FRAME_SIZE},
+                                use_single_float=True)
+        while not stop.is_set():
+            started = time.perf_counter()
+            until = started + self.load * SLICE_S
+            while time.perf_counter() < until:
+                msgpack.unpackb(message)
+                self.decoded += 1
+            self.busy_s += time.perf_counter() - started
+            time.sleep((1 - self.load) * SLICE_S)
+
+    def rate(self) -> float:
+        """Messages decoded per second of busy time (0 for an idle loop)."""
+        return self.decoded / self.busy_s if self.decoded else 0.0
 
 
-def _result(args: argparse.Namespace,
-            samples: dict[str, dict[float, list[tuple[float, float]]]]) -> dict[str, Any]:
+def _result(args: argparse.Namespace, samples: Samples) -> dict[str, Any]:
     rows = []
-    for load in args.loads:
-        thread = statistics.median(step for step, _ in samples["thread"][load])
-        process = statistics.median(step for step, _ in samples["process"][load])
-        handover = statistics.median(h for _, h in samples["process"][load])
-        rows.append({"loop_busy": load, "thread_step_ms": round(thread, 2),
-                     "process_step_ms": round(process, 2),
-                     "process_over_thread": round(process / thread, 3),
-                     "process_handover_ms": round(handover, 3),
-                     "rounds_ms": {mode: [round(step, 2) for step, _ in samples[mode][load]]
-                                   for mode in MODES}})
+    for switch in args.switches:
+        for load in args.loads:
+            runs = {mode: samples[(mode, switch, load)] for mode in MODES}
+            thread = _median(runs["thread"], 0)
+            process = _median(runs["process"], 0)
+            rows.append({
+                "switch_ms": switch, "loop_busy": load, "thread_step_ms": round(thread, 2),
+                "process_step_ms": round(process, 2),
+                "process_over_thread": round(process / thread, 3),
+                "process_handover_ms": round(_median(runs["process"], 1), 3),
+                "loop_decodes_per_busy_s": {mode: round(_median(runs[mode], 2))
+                                            for mode in MODES},
+                "rounds_ms": {mode: [round(sample[0], 2) for sample in runs[mode]]
+                              for mode in MODES}})
     return {"benchmark": "gil", "model": args.model, "batch": args.batch, "steps": args.steps,
             "rounds": args.rounds, "torch_threads": args.torch_threads,
             "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
             "load_average_at_end": os.getloadavg(), "loads": rows}
+
+
+def _median(runs: list[Sample], field: int) -> float:
+    return statistics.median(sample[field] for sample in runs)
 
 
 def _print(result: dict[str, Any], path: Path) -> None:
     print(f"gil: {result['model']} x{result['batch']} -> {path}")
     for row in result["loads"]:
-        print(f"  loop busy {row['loop_busy']:.0%}: step {row['thread_step_ms']:.1f} ms in the "
-              f"engine thread, {row['process_step_ms']:.1f} ms in an engine process "
+        rate = row["loop_decodes_per_busy_s"]
+        print(f"  switch {row['switch_ms']:g} ms, loop busy {row['loop_busy']:.0%}: step "
+              f"{row['thread_step_ms']:.1f} ms in the engine thread, "
+              f"{row['process_step_ms']:.1f} ms in an engine process "
               f"(x{row['process_over_thread']:.2f}; its hand-over "
-              f"{row['process_handover_ms']:.2f} ms)")
+              f"{row['process_handover_ms']:.2f} ms); the loop decoded {rate['thread']} / "
+              f"{rate['process']} messages per busy second")

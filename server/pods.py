@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
@@ -252,8 +253,11 @@ class Pod:
             self.state = State.READY
             heap.freeze_startup_objects()  # the model is loaded and warm: see common.heap
         self._heartbeat_wake.set()
-        logger.info("ready: model %s, %d slots, streaming state %.1f MiB", ready.model_id,
-                    self.sessions.total, ready.state_nbytes / 2**20)
+        logger.info("ready: model %s, %d slots, streaming state %.1f MiB, the engine in %s, "
+                    "GIL switch %g ms", ready.model_id, self.sessions.total,
+                    ready.state_nbytes / 2**20,
+                    "a child process" if self.settings.engine_process else "a thread",
+                    sys.getswitchinterval() * 1e3)
 
     def _on_failure(self, exc: BaseException) -> None:
         logger.error("engine failed: %s", exc)

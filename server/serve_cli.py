@@ -56,6 +56,7 @@ def _serve(prepared: tuple[settings.ServerSettings, pods.Deps]) -> int:
 
     config, deps = prepared
     logs.configure(config.log_level)
+    switch_gil(config.gil_switch_ms)
     app = app_mod.create_app(config, deps)
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port,
@@ -76,6 +77,12 @@ def _serve(prepared: tuple[settings.ServerSettings, pods.Deps]) -> int:
         print(f"asrpool serve: {failure}", file=sys.stderr)  # the last line: the pool shows it
         return exit_code(failure)
     return 0
+
+
+def switch_gil(interval_ms: float) -> None:
+    """The engine thread (or, with ``--engine-process``, the thread handing it batches)
+    takes the GIL back from a busy event loop within this, not Python's 5 ms."""
+    sys.setswitchinterval(interval_ms / 1e3)
 
 
 def exit_code(failure: BaseException) -> int:

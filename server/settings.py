@@ -115,6 +115,12 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         "hundreds of streams per GPU; the pod's event loop then shares no GIL with it)")
     warmup_steps: int = pydantic.Field(
         default=2, ge=0, description="engine steps run before the pod is ready")
+    # The engine thread lets the GIL go for every torch op and then waits for it while
+    # the event loop holds it: Python's 5 ms per wait, dozens of waits a step
+    # (bench/gil.py), or the hand-over's two waits with --engine-process.
+    gil_switch_ms: float = pydantic.Field(
+        default=0.2, gt=0, le=1000, description="the process's GIL switch interval: the "
+        "longest a thread waits while another holds the GIL (Python's default: 5)")
 
     # POST /api/asr-streaming: each file is decoded in a child process (server.decoding)
     # bounded by these, so no upload costs the pod more than its share.

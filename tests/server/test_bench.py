@@ -4,6 +4,7 @@ checked)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,20 +59,30 @@ def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Pa
 def test_bench_gil_times_the_engine_both_ways_under_a_busy_loop(tmp_path: Path) -> None:
     from asrpool.bench import gil
 
+    default = sys.getswitchinterval()
     assert gil.main(["--model", "tiny", "--batch", "2", "--steps", "2", "--rounds", "1",
-                     "--busy", "0,0.5", "--out", str(tmp_path)]) == 0
+                     "--busy", "0,0.5", "--switch-ms", "5,0.2", "--out", str(tmp_path)]) == 0
+    assert sys.getswitchinterval() == default  # each round puts it back
     result = json.loads((tmp_path / "gil-tiny-b2.json").read_text())
-    assert [row["loop_busy"] for row in result["loads"]] == [0.0, 0.5]
+    assert [(row["switch_ms"], row["loop_busy"]) for row in result["loads"]] == [
+        (5.0, 0.0), (5.0, 0.5), (0.2, 0.0), (0.2, 0.5)]
     for row in result["loads"]:
         assert row["thread_step_ms"] > 0 and row["process_step_ms"] > 0
         assert 0 < row["process_handover_ms"] < row["process_step_ms"]
         assert len(row["rounds_ms"]["thread"]) == len(row["rounds_ms"]["process"]) == 1
+        rates = row["loop_decodes_per_busy_s"]
+        assert (rates["thread"] > 0) == (rates["process"] > 0) == (row["loop_busy"] > 0)
 
 
-def test_bench_gil_refuses_a_loop_busy_all_the_time(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_gil_refuses_a_loop_busy_all_the_time_and_no_switch_interval(
+        capsys: pytest.CaptureFixture[str]) -> None:
     from asrpool.bench import gil
 
     with pytest.raises(SystemExit) as exit_info:
         gil.main(["--busy", "0,1"])
     assert exit_info.value.code == 2
     assert "--busy: each share must be in [0, 1), got 0,1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        gil.main(["--switch-ms", "5,0"])
+    assert exit_info.value.code == 2
+    assert "--switch-ms: each interval must be in (0, 1000] ms, got 5,0" in capsys.readouterr().err

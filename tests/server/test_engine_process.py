@@ -83,6 +83,7 @@ async def test_a_pod_with_its_engine_in_a_child_streams_the_same_words(tmp_path:
         assert kyutai_client.words(messages) == reference.file_words(pcm, conftest.BATCH)
         assert server.metric("asr_model_step_duration_count")
         assert "asrpool.server.engine_loop: engine warmed up" in server.log()  # the child's
+        assert "the engine in a child process, GIL switch 0.2 ms" in server.log()  # defaults
         server.signal(signal.SIGTERM)
         assert server.wait(60) == 0
     assert not processes.alive(child)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from asrpool.server import serve_cli
+from tests.support import servers
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -34,6 +36,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.max_message_bytes == 16 << 20  # moshi-server's frame limit
     assert config.resume_grace_seconds == 30 and config.idle_timeout_seconds == 120
     assert (config.ping_interval_seconds, config.ping_timeout_seconds) == (10, 10)
+    assert config.gil_switch_ms == 0.2 and not config.engine_process
 
 
 def test_cli_module_does_not_import_torch_or_fastapi() -> None:
@@ -49,6 +52,17 @@ def test_invalid_setting_is_a_clear_error() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2  # the one convention: stderr, exit 2
     assert "batch_size (--batch-size or ASRPOOL_BATCH_SIZE)" in result.stderr
+
+
+def test_a_pod_switches_the_gil_as_often_as_told(tmp_path: Path) -> None:
+    """The interval is the process's own (``sys.getswitchinterval`` in its ready line)."""
+    with servers.ServerProcess(tmp_path, args=["--gil-switch-ms", "0.5"]) as server:
+        server.wait_ready()
+        assert "the engine in a thread, GIL switch 0.5 ms" in server.log()
+    refused = subprocess.run([sys.executable, "-m", "asrpool.cli", "serve", "--gil-switch-ms",
+                              "0"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "gil_switch_ms (--gil-switch-ms or ASRPOOL_GIL_SWITCH_MS)" in refused.stderr
 
 
 def test_the_dtype_follows_the_one_policy_unless_given() -> None:
