@@ -405,10 +405,7 @@ async def test_backpressure_bounds_what_the_router_holds(
 
 def _rss(router: support.RouterProcess) -> int:
     assert router.proc is not None
-    for line in Path(f"/proc/{router.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    return servers.live_rss_bytes(router.proc.pid)
 
 
 async def test_a_seeded_router_sends_each_pool_its_own_pod_token(

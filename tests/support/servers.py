@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from asrpool.common import processes
 from asrpool.common.processes import free_port
 
 
@@ -116,11 +117,7 @@ class ServerProcess:
         return None
 
     def rss_bytes(self) -> int:
-        """Resident memory of the process, from /proc (Linux)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc status")
+        return live_rss_bytes(self.pid)
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -173,3 +170,11 @@ def post_file(url: str, body: bytes, timeout: float = 300.0) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def live_rss_bytes(pid: int) -> int:
+    """Resident memory of a live process (a test's reading of 0 from a zombie would
+    pass any bound on growth)."""
+    rss = processes.rss_bytes(pid)
+    assert rss > 0, f"process {pid} has exited: no resident memory to read"
+    return rss
