@@ -57,6 +57,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "clients outrun one event loop, which would count as latency)")
     parser.add_argument("--engine-process", action="store_true",
                         help="the pod's engine in a child process (serve --engine-process)")
+    parser.add_argument("--gil-switch-ms", type=float, default=None,
+                        help="the pod's GIL switch interval (serve --gil-switch-ms; default: "
+                             "the pod's)")
     parser.add_argument("--max-p99", type=float, default=0.5,
                         help="p99 latency (s) under which N counts as real time")
     parser.add_argument("--out", default="bench/results")
@@ -86,6 +89,8 @@ def main(argv: list[str]) -> int:
 def _out_path(args: argparse.Namespace, suffix: str) -> Path:
     """The JSON result (``.json``) or the server's output (``.log``)."""
     mode = "-process" if args.engine_process else ""
+    if args.gil_switch_ms is not None:
+        mode += f"-gil{args.gil_switch_ms:g}ms"
     return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
 
 
@@ -98,7 +103,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
         "benchmark": "server", "model": args.model, "device": args.device,
         "batch_size": args.batch_size, "seconds_per_client": args.seconds,
         "dtype": args.dtype, "client_processes": args.client_processes,
-        "engine_process": args.engine_process,
+        "engine_process": args.engine_process, "gil_switch_ms": args.gil_switch_ms,
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
@@ -238,6 +243,8 @@ class _Server:
             command += ["--dtype", args.dtype]
         if args.engine_process:
             command.append("--engine-process")
+        if args.gil_switch_ms is not None:
+            command += ["--gil-switch-ms", str(args.gil_switch_ms)]
         log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()
         try:

@@ -23,15 +23,17 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
     assert first["p50_latency_s"] > 0 and result["rss_mib_over_time"]
 
 
-def test_bench_server_spreads_clients_over_processes(tmp_path: Path) -> None:
+def test_bench_server_spreads_clients_over_processes_and_sets_the_pods_gil_switch(
+        tmp_path: Path) -> None:
     assert bench_server.main(["--model", "tiny", "--batch-size", "2", "--clients", "2",
                               "--seconds", "1", "--torch-threads", "1",
                               "--client-processes", "2", "--dtype", "float32",
-                              "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "server-tiny-cpu-b2.json").read_text())
+                              "--gil-switch-ms", "5", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server-tiny-cpu-b2-gil5ms.json").read_text())
     (only,) = result["rounds"]
     assert only["frames"] == 24 and only["refused"] == 0
     assert result["client_processes"] == 2 and result["dtype"] == "float32"
+    assert result["gil_switch_ms"] == 5.0
 
 
 def test_bench_server_admits_more_clients_at_once_than_the_pods_new_streams_burst(

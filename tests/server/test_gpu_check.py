@@ -37,13 +37,14 @@ def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "gpu-check-cpu.json").read_text())
     assert [s["stage"] for s in summary["stages"]] == [
         "isolation", "capacity tiny", "server tiny x2 engine process",
-        "server tiny x2 engine thread"]
+        "server tiny x2 engine thread", "server tiny x2 engine thread, GIL switch 5 ms"]
     assert all(s["rc"] == 0 for s in summary["stages"])
     assert summary["capacity"]["tiny"]["streams_per_gpu"] == 2
-    for served in summary["server"].values():  # both ways, side by side
+    for served in summary["server"].values():  # each way, side by side
         assert [r["clients"] for r in served["rounds"]] == [1, 2]  # quarters of 2 slots, once
         assert all(r["refused"] == 0 and r["frames"] > 0 for r in served["rounds"])
-    assert set(summary["server"]) == {"engine process", "engine thread"}
+    assert set(summary["server"]) == {"engine process", "engine thread",
+                                      "engine thread, GIL switch 5 ms"}
     assert json.loads((tmp_path / "isolation-tiny-cpu.json").read_text())["ok"] is True
     assert (tmp_path / "capacity-tiny-cpu.png").exists()
     assert "gpu-check summary" in done.stdout
