@@ -129,6 +129,8 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         "max_latency_s": latencies[-1] if latencies else None,
         "wall_s": wall,
         "mean_step_s": _mean_delta(before, after, "asr_model_step_duration"),
+        # The rest of a step with --engine-process (None in the engine thread).
+        "mean_handover_s": _mean_delta(before, after, "asr_engine_handover_seconds"),
         "mean_step_lag_s": _mean_delta(before, after, "asr_step_lag_seconds"),
         "step_lag_p99_s": _histogram_quantile(before, after, "asr_step_lag_seconds", 0.99),
     }
@@ -300,12 +302,18 @@ class _RssSampler:
                 self.samples.append((time.monotonic() - self._start, total))
 
 
+def _handover(row: dict[str, Any]) -> str:
+    handover = row.get("mean_handover_s")
+    return "" if handover is None else f" (+{handover * 1000:.1f}ms hand-over)"
+
+
 def _print_summary(result: dict[str, Any], path: Path) -> None:
     print(f"server bench: {result['model']} b{result['batch_size']} -> {path}")
     for row in result["rounds"]:
         p50, p99 = row["p50_latency_s"], row["p99_latency_s"]
         print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
-              f"step={_ms(row['mean_step_s'])}  lag p99<={_ms(row['step_lag_p99_s'])}  "
+              f"step={_ms(row['mean_step_s'])}{_handover(row)}  "
+              f"lag p99<={_ms(row['step_lag_p99_s'])}  "
               f"refused={row['refused']}")
     rss = [mib for _, mib in result["rss_mib_over_time"]]
     if rss:

@@ -42,6 +42,9 @@ class StepOutput:
     buffered: dict[int, int]
     lags: dict[int, float]  # slot -> seconds from its frame's arrival to its output
     duration: float  # seconds spent in the model step (0 when no step ran)
+    # With the engine in a child process: the rest of the step's time, the batch handed
+    # over and its results back (0 in the engine thread).
+    handover: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

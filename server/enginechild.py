@@ -133,6 +133,7 @@ class ChildRunner:
         return answer
 
     def run(self, batch: slots.Batch) -> engine_loop.StepOutput:
+        started = time.monotonic()
         for slot, frame in batch.frames.items():
             self._rows[slot] = frame
         try:
@@ -141,11 +142,10 @@ class ChildRunner:
             raise self._gone() from None
         output = self._receive()
         assert isinstance(output, engine_loop.StepOutput), output
-        if not output.lags:
-            return output
         done = time.monotonic()  # the lag of a frame includes its way back
-        return dataclasses.replace(
-            output, lags={slot: done - arrival for slot, arrival in batch.arrivals.items()})
+        lags = {slot: done - arrival for slot, arrival in batch.arrivals.items()}
+        return dataclasses.replace(output, lags=lags if output.lags else output.lags,
+                                   handover=max(0.0, done - started - output.duration))
 
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
         self._closing = True

@@ -22,6 +22,10 @@ class ServerMetrics:
         self.model_step_duration = prom.Histogram(
             "asr_model_step_duration", "Seconds per batched model step", registry=r,
             buckets=_STEP_BUCKETS)
+        self.engine_handover = prom.Histogram(
+            "asr_engine_handover_seconds",
+            "Seconds per step beyond the model's, handing the batch to the engine process "
+            "and its results back (--engine-process)", registry=r, buckets=_STEP_BUCKETS)
         self.connect = prom.Counter(
             "asr_connect", "Websocket connections accepted into a slot", registry=r)
         self.slots_total = prom.Gauge("asr_slots_total", "Stream slots of this pod", registry=r)

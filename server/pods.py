@@ -272,6 +272,8 @@ class Pod:
         m = self.metrics
         if output.duration:
             m.model_step_duration.observe(output.duration)
+            if self.settings.engine_process:
+                m.engine_handover.observe(output.handover)
             m.batch_rows.observe(len(output.lags))
             m.audio_seconds.inc(len(output.lags) * protocol.FRAME_SIZE / protocol.SAMPLE_RATE)
         for lag in output.lags.values():

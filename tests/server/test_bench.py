@@ -34,6 +34,7 @@ def test_bench_server_spreads_clients_over_processes_and_sets_the_pods_gil_switc
     assert only["frames"] == 24 and only["refused"] == 0
     assert result["client_processes"] == 2 and result["dtype"] == "float32"
     assert result["gil_switch_ms"] == 5.0
+    assert only["mean_handover_s"] is None  # no engine process, no hand-over
 
 
 def test_bench_server_admits_more_clients_at_once_than_the_pods_new_streams_burst(
@@ -54,6 +55,7 @@ def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Pa
     result = json.loads((tmp_path / "server-tiny-cpu-b2-process.json").read_text())
     (only,) = result["rounds"]
     assert only["frames"] == 24 and only["refused"] == 0 and result["engine_process"] is True
+    assert 0 < only["mean_handover_s"] < only["mean_step_s"]  # the rest of its steps
     # The pod's memory counts its engine process's: torch and the model live there.
     assert min(mib for _, mib in result["rss_mib_over_time"]) > 300
 

@@ -81,7 +81,10 @@ async def test_a_pod_with_its_engine_in_a_child_streams_the_same_words(tmp_path:
         (child,) = _engine_children(server)
         messages = await kyutai_client.transcribe(server.ws_url, pcm)
         assert kyutai_client.words(messages) == reference.file_words(pcm, conftest.BATCH)
-        assert server.metric("asr_model_step_duration_count")
+        steps = server.metric("asr_model_step_duration_count")
+        handovers = server.metric("asr_engine_handover_seconds_count")  # a later step's too
+        assert steps and handovers and handovers >= steps
+        assert (server.metric("asr_engine_handover_seconds_sum") or 0) > 0
         assert "asrpool.server.engine_loop: engine warmed up" in server.log()  # the child's
         assert "the engine in a child process, GIL switch 0.2 ms" in server.log()  # defaults
         server.signal(signal.SIGTERM)
