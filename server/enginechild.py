@@ -7,8 +7,9 @@ Here the child owns the model and runs each :class:`slots.Batch` (``run_batch``,
 thread does); the pod's engine thread only hands batches over and results back.
 
 - Frames travel in one shared array of ``batch_size`` rows of 1920 samples (the
-  parent writes a slot's row, the child reads it while the parent waits); the rest of
-  the batch and the :class:`engine_loop.StepOutput` travel pickled on a pipe.
+  parent writes a slot's row, the child reads it while the parent waits); the batch's
+  resets, restarts, markers and rows, and the step's events and duration, travel
+  pickled on a pipe (the rest of a batch and its output stays in the parent).
 - The child ignores SIGINT and SIGTERM: the pod decides when it ends (a Ctrl-C in a
   terminal reaches the whole process group, and the pod drains first). It exits when
   the pipe closes, so a pod killed outright takes it along.
@@ -136,16 +137,21 @@ class ChildRunner:
         started = time.monotonic()
         for slot, frame in batch.frames.items():
             self._rows[slot] = frame
+        # The child needs the resets, restarts and markers and which rows hold frames;
+        # what the output only carries through (generations, what stays buffered) and
+        # the frames' arrivals stay here.
+        work = dataclasses.replace(batch, generations={}, frames={}, arrivals={}, buffered={})
         try:
-            self._conn.send((dataclasses.replace(batch, frames={}), list(batch.frames)))
+            self._conn.send((work, list(batch.frames)))
         except OSError:
             raise self._gone() from None
         output = self._receive()
         assert isinstance(output, engine_loop.StepOutput), output
         done = time.monotonic()  # the lag of a frame includes its way back
-        lags = {slot: done - arrival for slot, arrival in batch.arrivals.items()}
-        return dataclasses.replace(output, lags=lags if output.lags else output.lags,
-                                   handover=max(0.0, done - started - output.duration))
+        return dataclasses.replace(
+            output, generations=batch.generations, buffered=batch.buffered,
+            lags={slot: done - arrival for slot, arrival in batch.arrivals.items()},
+            handover=max(0.0, done - started - output.duration))
 
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
         self._closing = True

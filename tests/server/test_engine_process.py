@@ -26,10 +26,10 @@ def _batches(steps: int) -> Iterator[slots.Batch]:
     for i in range(steps):
         live = [0] if 10 <= i < 14 else [0, 1]
         frames = {slot: audio[slot][i * FRAME:(i + 1) * FRAME] for slot in live}
-        yield slots.Batch(generations={0: 1, 1: 1}, resets=[0, 1] if i == 0 else [],
+        yield slots.Batch(generations={0: 3, 1: 5}, resets=[0, 1] if i == 0 else [],
                           restarts=[0, 1] if i == 0 else [], markers=[], frames=frames,
                           arrivals=dict.fromkeys(frames, time.monotonic()),
-                          buffered=dict.fromkeys(frames, 0))
+                          buffered={slot: 7 * i + slot for slot in frames})
 
 
 def _run(runner: engine_loop.Runner, steps: int) -> list[engine_loop.StepOutput]:
@@ -46,6 +46,8 @@ def test_a_child_runs_batches_exactly_as_the_engine_thread() -> None:
     beside = _run(child, 30)
     assert [o.events for o in beside] == [o.events for o in alone]
     assert [sorted(o.lags) for o in beside] == [sorted(o.lags) for o in alone]
+    assert [(o.generations, o.buffered) for o in beside] == [
+        (o.generations, o.buffered) for o in alone]
     assert sum(len(events) for o in alone for events in o.events.values()) > 30  # not empty
     assert not processes.alive(child.pid or 0)  # closed: the child has exited
 
