@@ -103,7 +103,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
         "benchmark": "server", "model": args.model, "device": args.device,
         "batch_size": args.batch_size, "seconds_per_client": args.seconds,
         "dtype": args.dtype, "client_processes": args.client_processes,
-        "engine_process": args.engine_process, "gil_switch_ms": args.gil_switch_ms,
+        "engine_process": args.engine_process, "gil_switch_ms": _pods_gil_switch_ms(args),
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
@@ -300,6 +300,16 @@ class _RssSampler:
             with contextlib.suppress(OSError):
                 total = sum(map(processes.rss_bytes, {self.pid, *processes.descendants(self.pid)}))
                 self.samples.append((time.monotonic() - self._start, total))
+
+
+def _pods_gil_switch_ms(args: argparse.Namespace) -> float:
+    """The pod's switch interval: the one given, else ``serve``'s default."""
+    if args.gil_switch_ms is not None:
+        return float(args.gil_switch_ms)
+    from asrpool.server import settings
+
+    default: float = settings.ServerSettings.model_fields["gil_switch_ms"].default
+    return default
 
 
 def _handover(row: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
                               "--seconds", "1", "--torch-threads", "1",
                               "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "server-tiny-cpu-b1.json").read_text())
+    assert result["gil_switch_ms"] == 0.2  # the pod's own default, recorded
     first, second = result["rounds"]
     assert first["frames"] == 12 and first["refused"] == 0
     assert second["refused"] == 1  # two clients, one slot
@@ -55,7 +56,7 @@ def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Pa
     result = json.loads((tmp_path / "server-tiny-cpu-b2-process.json").read_text())
     (only,) = result["rounds"]
     assert only["frames"] == 24 and only["refused"] == 0 and result["engine_process"] is True
-    assert 0 < only["mean_handover_s"] < only["mean_step_s"]  # the rest of its steps
+    assert only["mean_handover_s"] > 0  # the rest of its steps, beside the child's
     # The pod's memory counts its engine process's: torch and the model live there.
     assert min(mib for _, mib in result["rss_mib_over_time"]) > 300
 
