@@ -119,6 +119,7 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
         "ASRPOOL_ANNOUNCE_POOL": "false" if config.redis_password_seed else "true",
         "ASRPOOL_DRAIN_GRACE_SECONDS": str(pool.drain_grace_seconds),
         "ASRPOOL_OPUS_WORKERS": str(pool.opus_workers),
+        "ASRPOOL_ENGINE_PROCESS": "true" if pool.engine_process else "false",
     }
     if pool.api_keys is not None:
         env["ASRPOOL_API_KEYS_FILE"] = f"{KEYS_DIR}/{pool.api_keys.key}"

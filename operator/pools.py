@@ -114,6 +114,7 @@ class Pool:
     max_gpus: int | None = None
     drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_SECONDS
     opus_workers: int = 0
+    engine_process: bool = False
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -169,6 +170,7 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         max_gpus=spec.optional_integer("maxGPUs"),
         drain_grace_seconds=spec.integer("drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
         opus_workers=_opus_workers(spec),
+        engine_process=spec.boolean("engineProcess"),
         node_selector=spec.mapping("nodeSelector"),
         tolerations=spec.objects("tolerations"),
         affinity=spec.mapping("affinity"),
@@ -211,11 +213,17 @@ RESERVED_ENV = frozenset({
     "ASRPOOL_MODEL", "ASRPOOL_MODEL_REVISION", "ASRPOOL_BATCH_SIZE", "ASRPOOL_CONTEXT",
     "ASRPOOL_DEVICE", "ASRPOOL_DTYPE", "ASRPOOL_HOST", "ASRPOOL_PORT", "ASRPOOL_POOL",
     "ASRPOOL_REDIS_URL", "ASRPOOL_REDIS_PASSWORD", "ASRPOOL_DRAIN_GRACE_SECONDS",
-    "ASRPOOL_OPUS_WORKERS",
+    "ASRPOOL_OPUS_WORKERS", "ASRPOOL_ENGINE_PROCESS",
     "ASRPOOL_API_KEYS_FILE", "ASRPOOL_ANNOUNCE_POOL", "POD_IP", "POD_NAMESPACE", "POD_NAME",
     "ASRPOOL_POD_ID", "ASRPOOL_ADVERTISE_ADDRESS", "ASRPOOL_POD_TOKEN", "HF_HUB_CACHE",
     "HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY",
     "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"})
+# The reserved variables a spec field sets: a refusal of one in spec.env names its field.
+ENV_FIELDS = {"ASRPOOL_BATCH_SIZE": "spec.slotsPerPod", "ASRPOOL_CONTEXT": "spec.context",
+              "ASRPOOL_DTYPE": "spec.dtype", "ASRPOOL_OPUS_WORKERS": "spec.opusWorkers",
+              "ASRPOOL_ENGINE_PROCESS": "spec.engineProcess",
+              "ASRPOOL_DRAIN_GRACE_SECONDS": "spec.drainGracePeriodSeconds",
+              "ASRPOOL_MODEL": "spec.model", "ASRPOOL_MODEL_REVISION": "spec.model.revision"}
 KEYS_VOLUME, KEYS_DIR = "api-keys", "/etc/asrpool/keys"
 # The read-only root's writable emptyDirs (children.WRITABLE_PATHS) are the operator's too.
 RESERVED_VOLUMES = frozenset({KEYS_VOLUME, sources.MODEL_VOLUME, sources.CACHE_VOLUME,
@@ -230,7 +238,8 @@ def check(pool: Pool) -> None:
             f"metadata.name {pool.name!r} is {len(pool.name)} characters; pools are named at"
             f" most {MAX_NAME_LENGTH} so that their children's names and labels fit"
         )
-    templates.check_reserved(pool.template, RESERVED_ENV, RESERVED_VOLUMES, RESERVED_MOUNTS)
+    templates.check_reserved(pool.template, RESERVED_ENV, RESERVED_VOLUMES, RESERVED_MOUNTS,
+                             ENV_FIELDS)
     _check_autoscaling(pool)
     _check_gpu_budget(pool, pool.slots, "spec.slots")
     if pool.autoscaling.enabled:

@@ -54,9 +54,12 @@ def read(spec: specs.Section) -> PodTemplate:
 
 
 def check_reserved(template: PodTemplate, env_names: Iterable[str],
-                   volume_names: Iterable[str], mount_paths: Iterable[str]) -> None:
-    """Refuse entries that would replace the operator's own."""
-    _refuse("spec.env", "environment variable", [e["name"] for e in template.env], env_names)
+                   volume_names: Iterable[str], mount_paths: Iterable[str],
+                   env_fields: Mapping[str, str] | None = None) -> None:
+    """Refuse entries that would replace the operator's own; ``env_fields`` names the
+    spec field that sets a reserved variable, for the refusal to point at."""
+    _refuse("spec.env", "environment variable", [e["name"] for e in template.env], env_names,
+            env_fields or {})
     _refuse("spec.volumes", "volume", [v["name"] for v in template.volumes], volume_names)
     _refuse_mounts([str(m.get("mountPath", "")) for m in template.volume_mounts], mount_paths)
     known = {v["name"] for v in template.volumes} | set(volume_names)
@@ -86,11 +89,14 @@ def normal_path(path: str) -> str:
     return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
-def _refuse(field: str, what: str, given: list[str], reserved: Iterable[str]) -> None:
+def _refuse(field: str, what: str, given: list[str], reserved: Iterable[str],
+            fields: Mapping[str, str] | None = None) -> None:
     taken = sorted(set(given) & set(reserved))
-    if taken:
-        raise specs.InvalidSpec(f"{field}: {what} {taken[0]!r} is set by the operator; remove it"
-                                " (or use another name)")
+    if not taken:
+        return
+    instead = (fields or {}).get(taken[0])
+    remedy = f"set {instead} instead" if instead else "remove it (or use another name)"
+    raise specs.InvalidSpec(f"{field}: {what} {taken[0]!r} is set by the operator; {remedy}")
 
 
 def pod_fields(template: PodTemplate) -> Child:

@@ -77,12 +77,18 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
         "ASRPOOL_BATCH_SIZE": "8", "ASRPOOL_CONTEXT": "750", "ASRPOOL_DEVICE": "cuda",
         "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
         "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_ANNOUNCE_POOL": "true",
-        "ASRPOOL_DRAIN_GRACE_SECONDS": "60", "ASRPOOL_OPUS_WORKERS": "0"}
+        "ASRPOOL_DRAIN_GRACE_SECONDS": "60", "ASRPOOL_OPUS_WORKERS": "0",
+        "ASRPOOL_ENGINE_PROCESS": "false"}
 
 
 def test_opus_workers_reach_the_server() -> None:
     config_map = children.build_config_map(pool(opusWorkers=4), CONFIG)
     assert config_map["data"]["ASRPOOL_OPUS_WORKERS"] == "4"
+
+
+def test_an_engine_process_reaches_the_server() -> None:
+    config_map = children.build_config_map(pool(engineProcess=True), CONFIG)
+    assert config_map["data"]["ASRPOOL_ENGINE_PROCESS"] == "true"
 
 
 def test_pods_reach_redis_by_their_own_url_when_given() -> None:

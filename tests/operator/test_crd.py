@@ -130,6 +130,7 @@ def test_the_operator_uses_the_crd_defaults() -> None:
         "slotsPerPod": given.slots_per_pod, "context": given.context,
         "imagePullPolicy": given.image_pull_policy, "drainGracePeriodSeconds":
         given.drain_grace_seconds, "opusWorkers": given.opus_workers, "resources": {},
+        "engineProcess": given.engine_process,
         "dtype": given.dtype,
         "automountServiceAccountToken": given.template.automount_token}
     model = spec["properties"]["model"]["properties"]

@@ -160,6 +160,10 @@ REFUSED: list[tuple[str, dict[str, Any] | None, str]] = [
      "spec.opusWorkers must be at most 64, got 65"),
     ("opus-workers-negative", {"opusWorkers": -1},
      "spec.opusWorkers must be at least 0, got -1"),
+    ("engine-process-string", {"engineProcess": "yes"},
+     "spec.engineProcess must be true or false, got 'yes'"),
+    ("engine-process-null", {"engineProcess": None},
+     "spec.engineProcess must be true or false, got None"),
     ("max-gpus-string", {"maxGPUs": "4"},
      "spec.maxGPUs must be an integer, got '4'"),
     ("max-gpus-negative", {"maxGPUs": -1},
@@ -347,6 +351,9 @@ REFUSED: list[tuple[str, dict[str, Any] | None, str]] = [
     ("env-reserved", {"env": [{"name": "ASRPOOL_POOL", "value": "other"}]},
      "spec.env: environment variable 'ASRPOOL_POOL' is set by the operator; remove it (or use "
      "another name)"),
+    ("env-reserved-with-a-field", {"env": [{"name": "ASRPOOL_ENGINE_PROCESS", "value": "1"}]},
+     "spec.env: environment variable 'ASRPOOL_ENGINE_PROCESS' is set by the operator; set "
+     "spec.engineProcess instead"),
     ("env-reserved-hf-token", {"env": [{"name": "HF_TOKEN", "value": "x"}]},
      "spec.env: environment variable 'HF_TOKEN' is set by the operator; remove it (or use "
      "another name)"),
