@@ -114,11 +114,11 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
 
 
 def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[str, Any]:
-    before = server.metrics()
+    before, cpu_before = server.metrics(), _pod_cpu_s(server.pid)
     started = time.monotonic()
     results = _run_clients(server.ws_url, clients, args)
     wall = time.monotonic() - started
-    after = server.metrics()
+    after, cpu_after = server.metrics(), _pod_cpu_s(server.pid)
     latencies = sorted(lat for r in results for lat in r["latencies"])
     return {
         "clients": clients,
@@ -133,7 +133,22 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         "mean_handover_s": _mean_delta(before, after, "asr_engine_handover_seconds"),
         "mean_step_lag_s": _mean_delta(before, after, "asr_step_lag_seconds"),
         "step_lag_p99_s": _histogram_quantile(before, after, "asr_step_lag_seconds", 0.99),
+        # Cores the pod used: its event loop near 1 is the pod's own ceiling.
+        "pod_cpu_cores": {part: round((cpu_after[part] - cpu_before[part]) / wall, 3)
+                          for part in cpu_before},
     }
+
+
+def _pod_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the pod's event loop (its main thread: uvicorn's), of its
+    other threads (the engine thread among them, exited ones included) and of its child
+    processes (an engine process, Opus lanes) that are alive now."""
+    loop, whole = processes.cpu_seconds(pid, pid), processes.cpu_seconds(pid)
+    children = 0.0
+    for child in processes.descendants(pid):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            children += processes.cpu_seconds(child)
+    return {"event_loop": loop, "other_threads": whole - loop, "child_processes": children}
 
 
 def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -324,12 +339,17 @@ def _print_summary(result: dict[str, Any], path: Path) -> None:
         print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
               f"step={_ms(row['mean_step_s'])}{_handover(row)}  "
               f"lag p99<={_ms(row['step_lag_p99_s'])}  "
-              f"refused={row['refused']}")
+              f"refused={row['refused']}  cores: {_cores(row['pod_cpu_cores'])}")
     rss = [mib for _, mib in result["rss_mib_over_time"]]
     if rss:
         print(f"  RSS MiB: min {min(rss)}  max {max(rss)}  median {statistics.median(rss)}")
     print(f"  largest N in real time (p99 <= {result['max_p99_for_realtime_s']} s): "
           f"{result['largest_realtime_clients']}")
+
+
+def _cores(cores: dict[str, float]) -> str:
+    return (f"loop {cores['event_loop']:.2f}, threads {cores['other_threads']:.2f}, "
+            f"children {cores['child_processes']:.2f}")
 
 
 def _ms(value: float | None) -> str:

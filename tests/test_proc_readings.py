@@ -1,10 +1,13 @@
-"""What ``asrpool.common.processes`` reads from /proc: liveness and resident memory."""
+"""What ``asrpool.common.processes`` reads from /proc: liveness, resident memory and CPU
+time."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -25,3 +28,30 @@ def test_a_zombie_is_not_alive_and_holds_no_memory_and_a_reaped_one_is_gone() ->
     assert not processes.alive(child.pid)
     with pytest.raises(OSError):
         processes.rss_bytes(child.pid)
+
+
+def test_cpu_time_counts_a_threads_work_in_the_thread_and_in_its_process() -> None:
+    pid = os.getpid()
+    main_before, whole_before = processes.cpu_seconds(pid, pid), processes.cpu_seconds(pid)
+    spun: list[float] = []
+
+    def spin() -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.3:
+            pass
+        spun.append(time.thread_time() - started)
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()  # exited: its time stays in the process's
+    whole = processes.cpu_seconds(pid) - whole_before
+    main = processes.cpu_seconds(pid, pid) - main_before
+    assert whole - main >= spun[0] - 0.05  # clock ticks round down
+    assert main < 0.2  # the main thread only waited
+
+
+def test_cpu_time_of_a_process_that_is_gone_is_an_error() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    with pytest.raises(OSError):
+        processes.cpu_seconds(child.pid)

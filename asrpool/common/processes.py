@@ -215,6 +215,14 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """CPU time (user and system) of process ``pid``, all its threads, the exited ones
+    included; or of one of its threads. From /proc (Linux); OSError once it is gone."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def parents() -> dict[int, int]:
     """Every live process's parent, from /proc (Linux); processes that exit meanwhile
     are left out."""

@@ -22,6 +22,10 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
     assert first["frames"] == 12 and first["refused"] == 0
     assert second["refused"] == 1  # two clients, one slot
     assert first["p50_latency_s"] > 0 and result["rss_mib_over_time"]
+    # The model runs in the pod's engine thread: no child process has CPU to show.
+    cores = first["pod_cpu_cores"]
+    assert cores["event_loop"] > 0 and cores["other_threads"] > 0
+    assert cores["child_processes"] == 0
 
 
 def test_bench_server_spreads_clients_over_processes_and_sets_the_pods_gil_switch(
@@ -57,6 +61,7 @@ def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Pa
     (only,) = result["rounds"]
     assert only["frames"] == 24 and only["refused"] == 0 and result["engine_process"] is True
     assert only["mean_handover_s"] > 0  # the rest of its steps, beside the child's
+    assert only["pod_cpu_cores"]["child_processes"] > 0  # the model's work is the child's
     # The pod's memory counts its engine process's: torch and the model live there.
     assert min(mib for _, mib in result["rss_mib_over_time"]) > 300
 
