@@ -223,7 +223,8 @@ ENV_FIELDS = {"ASRPOOL_BATCH_SIZE": "spec.slotsPerPod", "ASRPOOL_CONTEXT": "spec
               "ASRPOOL_DTYPE": "spec.dtype", "ASRPOOL_OPUS_WORKERS": "spec.opusWorkers",
               "ASRPOOL_ENGINE_PROCESS": "spec.engineProcess",
               "ASRPOOL_DRAIN_GRACE_SECONDS": "spec.drainGracePeriodSeconds",
-              "ASRPOOL_MODEL": "spec.model", "ASRPOOL_MODEL_REVISION": "spec.model.revision"}
+              "ASRPOOL_MODEL": "spec.model", "ASRPOOL_MODEL_REVISION": "spec.model.revision",
+              "ASRPOOL_DEVICE": "spec.resources.gpus"}
 KEYS_VOLUME, KEYS_DIR = "api-keys", "/etc/asrpool/keys"
 # The read-only root's writable emptyDirs (children.WRITABLE_PATHS) are the operator's too.
 RESERVED_VOLUMES = frozenset({KEYS_VOLUME, sources.MODEL_VOLUME, sources.CACHE_VOLUME,

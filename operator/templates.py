@@ -59,7 +59,7 @@ def check_reserved(template: PodTemplate, env_names: Iterable[str],
     """Refuse entries that would replace the operator's own; ``env_fields`` names the
     spec field that sets a reserved variable, for the refusal to point at."""
     _refuse("spec.env", "environment variable", [e["name"] for e in template.env], env_names,
-            env_fields or {})
+            env_fields)
     _refuse("spec.volumes", "volume", [v["name"] for v in template.volumes], volume_names)
     _refuse_mounts([str(m.get("mountPath", "")) for m in template.volume_mounts], mount_paths)
     known = {v["name"] for v in template.volumes} | set(volume_names)
