@@ -136,7 +136,16 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         # Cores the pod used: its event loop near 1 is the pod's own ceiling.
         "pod_cpu_cores": {part: round((cpu_after[part] - cpu_before[part]) / wall, 3)
                           for part in cpu_before},
+        # The loop's CPU per frame answered: everything it does for a stream-step
+        # (websocket layer, decoding, results), which bench capacity's host work does not
+        # all see. 80 ms over it is one loop's ceiling in streams.
+        "loop_us_per_frame": _per_frame(cpu_after["event_loop"] - cpu_before["event_loop"],
+                                        len(latencies)),
     }
+
+
+def _per_frame(cpu_s: float, frames: int) -> float | None:
+    return round(cpu_s * 1e6 / frames, 1) if frames else None
 
 
 def _pod_cpu_s(pid: int) -> dict[str, float]:
@@ -339,7 +348,8 @@ def _print_summary(result: dict[str, Any], path: Path) -> None:
         print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
               f"step={_ms(row['mean_step_s'])}{_handover(row)}  "
               f"lag p99<={_ms(row['step_lag_p99_s'])}  "
-              f"refused={row['refused']}  cores: {_cores(row['pod_cpu_cores'])}")
+              f"refused={row['refused']}  cores: {_cores(row['pod_cpu_cores'])}  "
+              f"loop/frame={row['loop_us_per_frame']}us")
     rss = [mib for _, mib in result["rss_mib_over_time"]]
     if rss:
         print(f"  RSS MiB: min {min(rss)}  max {max(rss)}  median {statistics.median(rss)}")

@@ -26,6 +26,7 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
     cores = first["pod_cpu_cores"]
     assert cores["event_loop"] > 0 and cores["other_threads"] > 0
     assert cores["child_processes"] == 0
+    assert first["loop_us_per_frame"] > 0
 
 
 def test_bench_server_spreads_clients_over_processes_and_sets_the_pods_gil_switch(
