@@ -40,6 +40,7 @@ from asrpool.common import processes, protocol
 SAMPLE_RATE = protocol.SAMPLE_RATE
 FRAME = protocol.FRAME_SIZE
 FRAME_SECONDS = FRAME / SAMPLE_RATE
+MESSAGE_MS = (10, 20, 40, 80)  # the pieces of a frame a client may send it in
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -60,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gil-switch-ms", type=float, default=None,
                         help="the pod's GIL switch interval (serve --gil-switch-ms; default: "
                              "the pod's)")
+    parser.add_argument("--message-ms", type=int, choices=MESSAGE_MS, default=80,
+                        help="audio per client message: an 80 ms frame sent whole or in "
+                             "pieces (browsers send 20-80 ms), paced in real time")
     parser.add_argument("--max-p99", type=float, default=0.5,
                         help="p99 latency (s) under which N counts as real time")
     parser.add_argument("--out", default="bench/results")
@@ -89,6 +93,8 @@ def main(argv: list[str]) -> int:
 def _out_path(args: argparse.Namespace, suffix: str) -> Path:
     """The JSON result (``.json``) or the server's output (``.log``)."""
     mode = "-process" if args.engine_process else ""
+    if args.message_ms != 80:
+        mode += f"-msg{args.message_ms}ms"
     if args.gil_switch_ms is not None:
         mode += f"-gil{args.gil_switch_ms:g}ms"
     return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
@@ -102,6 +108,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
     return {
         "benchmark": "server", "model": args.model, "device": args.device,
         "batch_size": args.batch_size, "seconds_per_client": args.seconds,
+        "message_ms": args.message_ms,
         "dtype": args.dtype, "client_processes": args.client_processes,
         "engine_process": args.engine_process, "gil_switch_ms": _pods_gil_switch_ms(args),
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
@@ -141,6 +148,7 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         # all see. 80 ms over it is one loop's ceiling in streams.
         "loop_us_per_frame": _per_frame(cpu_after["event_loop"] - cpu_before["event_loop"],
                                         len(latencies)),
+        "messages_per_frame": 80 // args.message_ms,
     }
 
 
@@ -163,30 +171,35 @@ def _pod_cpu_s(pid: int) -> dict[str, float]:
 def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     processes = max(1, min(args.client_processes, clients))
     groups = [list(range(clients))[i::processes] for i in range(processes)]
+    pieces = 80 // args.message_ms
     if processes == 1:
-        return _client_group(url, args.seconds, groups[0])
+        return _client_group(url, args.seconds, pieces, groups[0])
     context = multiprocessing.get_context("spawn")
     with futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
-        done = pool.map(_client_group, [url] * processes, [args.seconds] * processes, groups)
+        done = pool.map(_client_group, [url] * processes, [args.seconds] * processes,
+                        [pieces] * processes, groups)
         return [result for group in done for result in group]
 
 
-def _client_group(url: str, seconds: float, seeds: list[int]) -> list[dict[str, Any]]:
+def _client_group(url: str, seconds: float, pieces: int,
+                  seeds: list[int]) -> list[dict[str, Any]]:
     async def run() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(_client(url, seconds, seed) for seed in seeds)))
+        return list(await asyncio.gather(*(_client(url, seconds, pieces, seed)
+                                           for seed in seeds)))
     return asyncio.run(run())
 
 
-async def _client(url: str, seconds: float, seed: int) -> dict[str, Any]:
+async def _client(url: str, seconds: float, pieces: int, seed: int) -> dict[str, Any]:
     try:
-        return await _stream(url, seconds, seed)
+        return await _stream(url, seconds, pieces, seed)
     except InvalidStatus:  # refused before the upgrade (HTTP 429 or 503): one refusal
         return {"refused": 1, "latencies": []}
 
 
-async def _stream(url: str, seconds: float, seed: int) -> dict[str, Any]:
-    """Send real-time frames; time each frame until the Step that consumed it."""
-    frames = _audio(seconds, seed)
+async def _stream(url: str, seconds: float, pieces: int, seed: int) -> dict[str, Any]:
+    """Send real-time frames, each in ``pieces`` messages; time each frame, from its last
+    piece sent, until the Step that consumed it."""
+    frames = _audio(seconds, seed, pieces)
     sent: dict[int, float] = {}
     latencies: list[float] = []
     async with ws_client.connect(url, max_size=None, ping_timeout=None) as ws:
@@ -206,25 +219,31 @@ async def _stream(url: str, seconds: float, seed: int) -> dict[str, Any]:
     return {"refused": 0, "latencies": latencies}
 
 
-async def _send_frames(ws: ws_client.ClientConnection, frames: list[bytes],
+async def _send_frames(ws: ws_client.ClientConnection, frames: list[list[bytes]],
                        sent: dict[int, float]) -> None:
     start = time.monotonic()
-    for index, frame in enumerate(frames):
-        delay = start + index * FRAME_SECONDS - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent[index + 1] = time.monotonic()  # Step.step_idx counts frames from 1
-        await ws.send(frame)
+    for index, pieces in enumerate(frames):
+        for number, piece in enumerate(pieces, 1):  # each when its audio has been spoken
+            delay = start + (index + number / len(pieces)) * FRAME_SECONDS - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if number == len(pieces):
+                sent[index + 1] = time.monotonic()  # Step.step_idx counts frames from 1
+            await ws.send(piece)
 
 
-def _audio(seconds: float, seed: int, bank_frames: int = 50) -> list[bytes]:
-    """``seconds`` of 80 ms Audio messages: up to 4 s of distinct noise, then repeated
-    (encoding a minute for each of hundreds of clients would take minutes)."""
+def _audio(seconds: float, seed: int, pieces: int = 1,
+           bank_frames: int = 50) -> list[list[bytes]]:
+    """``seconds`` of 80 ms frames, each as ``pieces`` Audio messages: up to 4 s of
+    distinct noise, then repeated (encoding a minute for each of hundreds of clients
+    would take minutes)."""
     frames = int(seconds * SAMPLE_RATE) // FRAME
     rng = np.random.default_rng(seed)
     pcm = (0.2 * rng.standard_normal(min(frames, bank_frames) * FRAME)).astype(np.float32)
-    bank = [msgpack.packb({"type": "Audio", "pcm": pcm[i:i + FRAME].tolist()},
-                          use_single_float=True) for i in range(0, len(pcm), FRAME)]
+    size = FRAME // pieces
+    bank = [[msgpack.packb({"type": "Audio", "pcm": pcm[j:j + size].tolist()},
+                           use_single_float=True) for j in range(i, i + FRAME, size)]
+            for i in range(0, len(pcm), FRAME)]
     return [bank[i % len(bank)] for i in range(frames)]
 
 

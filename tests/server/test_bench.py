@@ -43,6 +43,17 @@ def test_bench_server_spreads_clients_over_processes_and_sets_the_pods_gil_switc
     assert only["mean_handover_s"] is None  # no engine process, no hand-over
 
 
+def test_bench_server_sends_each_frame_in_pieces_as_browsers_do(tmp_path: Path) -> None:
+    assert bench_server.main(["--model", "tiny", "--batch-size", "2", "--clients", "2",
+                              "--seconds", "1", "--torch-threads", "1", "--message-ms", "20",
+                              "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server-tiny-cpu-b2-msg20ms.json").read_text())
+    (only,) = result["rounds"]
+    # Every frame, sent as four 20 ms messages, is answered once: the pod joins them.
+    assert only["frames"] == 24 and only["refused"] == 0 and only["messages_per_frame"] == 4
+    assert result["message_ms"] == 20 and only["loop_us_per_frame"] > 0
+
+
 def test_bench_server_admits_more_clients_at_once_than_the_pods_new_streams_burst(
         tmp_path: Path) -> None:
     # 120 clients connect together, past a pod's default burst of 100 new streams; the
