@@ -40,7 +40,8 @@ from asrpool.common import processes, protocol
 SAMPLE_RATE = protocol.SAMPLE_RATE
 FRAME = protocol.FRAME_SIZE
 FRAME_SECONDS = FRAME / SAMPLE_RATE
-MESSAGE_MS = (10, 20, 40, 80)  # the pieces of a frame a client may send it in
+FRAME_MS = round(FRAME_SECONDS * 1000)
+MESSAGE_MS = (10, 20, 40, FRAME_MS)  # the pieces of a frame a client may send it in
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,7 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gil-switch-ms", type=float, default=None,
                         help="the pod's GIL switch interval (serve --gil-switch-ms; default: "
                              "the pod's)")
-    parser.add_argument("--message-ms", type=int, choices=MESSAGE_MS, default=80,
+    parser.add_argument("--message-ms", type=int, choices=MESSAGE_MS, default=FRAME_MS,
                         help="audio per client message: an 80 ms frame sent whole or in "
                              "pieces (browsers send 20-80 ms), paced in real time")
     parser.add_argument("--max-p99", type=float, default=0.5,
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
 def _out_path(args: argparse.Namespace, suffix: str) -> Path:
     """The JSON result (``.json``) or the server's output (``.log``)."""
     mode = "-process" if args.engine_process else ""
-    if args.message_ms != 80:
+    if args.message_ms != FRAME_MS:
         mode += f"-msg{args.message_ms}ms"
     if args.gil_switch_ms is not None:
         mode += f"-gil{args.gil_switch_ms:g}ms"
@@ -148,8 +149,13 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         # all see. 80 ms over it is one loop's ceiling in streams.
         "loop_us_per_frame": _per_frame(cpu_after["event_loop"] - cpu_before["event_loop"],
                                         len(latencies)),
-        "messages_per_frame": 80 // args.message_ms,
+        "messages_per_frame": _pieces(args),
     }
+
+
+def _pieces(args: argparse.Namespace) -> int:
+    """The messages a client sends each frame in."""
+    return FRAME_MS // int(args.message_ms)
 
 
 def _per_frame(cpu_s: float, frames: int) -> float | None:
@@ -171,7 +177,7 @@ def _pod_cpu_s(pid: int) -> dict[str, float]:
 def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     processes = max(1, min(args.client_processes, clients))
     groups = [list(range(clients))[i::processes] for i in range(processes)]
-    pieces = 80 // args.message_ms
+    pieces = _pieces(args)
     if processes == 1:
         return _client_group(url, args.seconds, pieces, groups[0])
     context = multiprocessing.get_context("spawn")

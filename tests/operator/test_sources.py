@@ -283,6 +283,7 @@ def test_the_reserved_names_cover_everything_the_operator_sets() -> None:
     names = {env["name"] for c in containers for env in c["env"]}
     names |= set(children.build_config_map(built, CONFIG)["data"])
     assert names <= pools.RESERVED_ENV
+    assert set(pools.ENV_FIELDS) <= pools.RESERVED_ENV  # a hint only a refusal can give
     assert {v["name"] for v in template["spec"]["volumes"]} <= pools.RESERVED_VOLUMES
     assert {m["mountPath"] for c in containers for m in c["volumeMounts"]} <= pools.RESERVED_MOUNTS
     volume_pool = pool({"volume": {"claimName": "w"}})

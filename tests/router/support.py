@@ -90,11 +90,6 @@ def _answers(url: str) -> bool:
         return False
 
 
-def children_of(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
 class Process:
     """A child process of this test, logged to a file, killed at the end."""
 

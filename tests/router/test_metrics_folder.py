@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+from asrpool.common import processes
 from asrpool.router import sharedmetrics
 from tests.router import support
 from tests.support.redis_servers import RedisServer
@@ -27,7 +28,7 @@ def router(redis: RedisServer, tmp_path: Path, tmp: Path) -> support.RouterProce
 def kill_outright(proc: support.RouterProcess) -> None:
     """As the kernel kills a container: every process at once, no cleanup."""
     assert proc.proc is not None
-    for pid in [*support.children_of(proc.proc.pid), proc.proc.pid]:
+    for pid in [*processes.descendants(proc.proc.pid), proc.proc.pid]:
         os.kill(pid, signal.SIGKILL)
     proc.proc.wait()
 

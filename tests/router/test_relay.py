@@ -213,6 +213,11 @@ def _scrape(url: str) -> dict[str, float]:
             for f in families for s in f.samples}
 
 
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
 async def test_workers_share_the_port_and_end_with_the_parent(
     module_redis: RedisServer, redis: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -220,7 +225,7 @@ async def test_workers_share_the_port_and_end_with_the_parent(
     proc.start()
     try:
         assert proc.proc is not None
-        workers = support.children_of(proc.proc.pid)
+        workers = _children(proc.proc.pid)
         assert len(workers) == 2
         pod = await start(redis, "relay-workers", _echo_words)
         streams = await _streams_on_both_workers(proc, redis, "relay-workers", 6)
