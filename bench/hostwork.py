@@ -13,7 +13,7 @@ from ``server/``, ...) and put first on the child's path.
 Three figures per step: wall time, the CPU time of the pod's process
 (``time.process_time``, as ``bench capacity`` counts host work: not the time the machine
 gave to other processes, so steadier here), and the CPU time of its children (the Opus
-lanes' decoding processes; from ``/proc``, to its 10 ms tick over the timed steps).
+lanes' decoding processes, from the kernel's CPU clocks).
 Writes ``hostwork.json`` (medians per side and the ratio).
 """
 
@@ -104,13 +104,7 @@ def children_cpu_s() -> float:
     tree: defined here, as this file is always this tree's)."""
     pids = [int(pid) for task in Path("/proc/self/task").iterdir()
             for pid in (task / "children").read_text().split()]
-    return sum(process_cpu_s(pid) for pid in pids)
-
-
-def process_cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a live process, from ``/proc`` (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(processes.cpu_seconds(pid) for pid in pids)
 
 
 # The parent

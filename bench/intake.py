@@ -28,8 +28,8 @@ import msgpack
 import numpy as np
 from numpy.typing import NDArray
 
-from asrpool.bench import hostwork, isolation, oggfiles
-from asrpool.common import oggopus, protocol
+from asrpool.bench import isolation, oggfiles
+from asrpool.common import oggopus, processes, protocol
 from asrpool.server import inputs, opuslanes, slots
 
 KINDS = ("pcm-80ms", "pcm-1s", "opus", "opus-20ms", "opus-lanes", "opus-20ms-lanes")
@@ -211,7 +211,7 @@ class LanedOpusIntake(OpusIntake):
     def helpers_cpu_s(self) -> float:
         if self._lanes is None:
             return 0.0
-        return sum(hostwork.process_cpu_s(pid) for pid in self._lanes.pids())
+        return sum(processes.cpu_seconds(pid) for pid in self._lanes.pids())
 
     def feed(self, buffers: slots.SlotBuffers, step: int) -> None:
         if self._lanes is None:

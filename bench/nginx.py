@@ -97,7 +97,7 @@ def tree_cpu(pid: int) -> float:
     total = 0.0
     for member in {pid} | processes.descendants(pid):
         with contextlib.suppress(OSError):  # it exited meanwhile
-            total += router_bench.cpu_seconds(member)
+            total += processes.cpu_seconds(member)
     return total
 
 

@@ -187,11 +187,6 @@ async def run_streams(urls: list[str], count: int, seconds: float, rtts: list[fl
     return {"admitted": admitted, "failed": failed}
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def relayed_messages(metrics_url: str) -> dict[str, float]:
     """Messages the router relayed each way (``asrpool_router_relayed_messages_total``)."""
     with urllib.request.urlopen(metrics_url, timeout=5) as response:
@@ -237,11 +232,11 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
         }
         for r in range(opts.rounds):
             for mode in ("direct", "routed") if r % 2 == 0 else ("routed", "direct"):
-                cpu0, t0 = cpu_seconds(router_pid), time.monotonic()
+                cpu0, t0 = processes.cpu_seconds(router_pid), time.monotonic()
                 runs[mode].append(asyncio.run(run_streams(urls[mode], count, opts.seconds,
                                                           rtts[mode])))
                 if mode == "routed":
-                    cpu += cpu_seconds(router_pid) - cpu0
+                    cpu += processes.cpu_seconds(router_pid) - cpu0
                     elapsed += time.monotonic() - t0
                 time.sleep(1.0)  # let the last streams' slots free
         relayed = relayed_messages(f"http://127.0.0.1:{plat.port}/metrics")

@@ -171,7 +171,9 @@ def _pod_cpu_s(pid: int) -> dict[str, float]:
     for child in processes.descendants(pid):
         with contextlib.suppress(OSError):  # gone meanwhile
             children += processes.cpu_seconds(child)
-    return {"event_loop": loop, "other_threads": whole - loop, "child_processes": children}
+    # The loop's time is exact, the process's is in whole clock ticks: never below 0.
+    return {"event_loop": loop, "other_threads": max(0.0, whole - loop),
+            "child_processes": children}
 
 
 def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -126,11 +126,6 @@ class Target:
         return f"ws://{self.address[0]}:{self.address[1]}{protocol.STREAMING_PATH}"
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # The neighbour
 
 
@@ -212,10 +207,10 @@ def header_floods(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
 def query_floods(target: Target, opts: argparse.Namespace) -> dict[str, Any]:
     request = (b"GET /api/asr-streaming?auth_id=" + b"q" * (32 << 20) + b" HTTP/1.1\r\n"
                b"Host: x\r\n\r\n")
-    cpu = proc_cpu_seconds(target.pid)
+    cpu = processes.cpu_seconds(target.pid)
     statuses = [attacks.status_of(attacks.exchange(target.address, request, 30))
                 for _ in range(opts.query_floods)]
-    used = proc_cpu_seconds(target.pid) - cpu
+    used = processes.cpu_seconds(target.pid) - cpu
     return {"tried": opts.query_floods, "statuses": attacks.counted(statuses),
             "survived": _alive(target),
             "target_cpu_s_per_flood": round(used / max(1, opts.query_floods), 3)}

@@ -46,8 +46,39 @@ def test_cpu_time_counts_a_threads_work_in_the_thread_and_in_its_process() -> No
     worker.join()  # exited: its time stays in the process's
     whole = processes.cpu_seconds(pid) - whole_before
     main = processes.cpu_seconds(pid, pid) - main_before
-    assert whole - main >= spun[0] - 0.05  # clock ticks round down
+    assert whole - main >= spun[0] - 0.01  # a running thread's reading lags a tick
     assert main < 0.2  # the main thread only waited
+
+
+def test_cpu_time_is_finer_than_a_clock_tick() -> None:
+    """A frame's work on the event loop is tens of microseconds: a reading in 10 ms
+    ticks showed a short bench round's loop as idle (it did, in CI)."""
+    pid = os.getpid()
+    spun: list[float] = []
+    tids: list[int] = []
+    done_spinning, go = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        tids.append(threading.get_native_id())
+        go.wait()  # running, so that "before" below counts none of the spin
+        started = time.thread_time()
+        while time.thread_time() - started < 0.002:
+            pass
+        spun.append(time.thread_time() - started)
+        done_spinning.set()
+        time.sleep(0.5)  # asleep: its scheduler statistics are up to date
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    while not tids:
+        time.sleep(0.001)
+    thread_before, whole_before = processes.cpu_seconds(pid, tids[0]), processes.cpu_seconds(pid)
+    go.set()
+    done_spinning.wait()
+    time.sleep(0.05)
+    assert abs(processes.cpu_seconds(pid, tids[0]) - thread_before - spun[0]) < 0.001
+    assert processes.cpu_seconds(pid) - whole_before >= spun[0]
+    worker.join()
 
 
 def test_cpu_time_of_a_process_that_is_gone_is_an_error() -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from asrpool.bench import hostwork
+from asrpool.common import processes
 
 
 def _worktrees() -> set[str]:
@@ -41,10 +42,10 @@ def test_children_cpu_counts_a_busy_child_and_not_an_idle_one() -> None:
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         started = time.monotonic()
-        while hostwork.process_cpu_s(busy.pid) < 0.3 and time.monotonic() - started < 20:
+        while processes.cpu_seconds(busy.pid) < 0.3 and time.monotonic() - started < 20:
             time.sleep(0.05)
-        assert hostwork.process_cpu_s(busy.pid) >= 0.3
-        assert hostwork.process_cpu_s(idle.pid) < 0.2  # its interpreter's start alone
+        assert processes.cpu_seconds(busy.pid) >= 0.3
+        assert processes.cpu_seconds(idle.pid) < 0.2  # its interpreter's start alone
         assert hostwork.children_cpu_s() >= 0.3
     finally:
         for child in (busy, idle):
