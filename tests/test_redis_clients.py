@@ -52,6 +52,29 @@ def test_the_client_without_an_event_loop_has_the_same_deadline(
     client.close()
 
 
+async def test_a_redis_restart_fails_no_call(redis_server: redis_servers.RedisServer) -> None:
+    """Each pooled connection is stale after a restart: its next call is tried again on
+    a new one, not failed (a router's resume once answered "cannot reach its session
+    registry" right after Redis came back)."""
+    client = redis_clients.connect(redis_server.url, 5.0)
+    await asyncio.gather(*(client.ping() for _ in range(4)))  # four pooled connections
+    redis_server.kill()
+    redis_server.start()
+    assert await asyncio.gather(*(client.ping() for _ in range(4))) == [True] * 4
+    await client.aclose()
+
+
+def test_a_redis_restart_fails_no_call_without_an_event_loop(
+    redis_server: redis_servers.RedisServer,
+) -> None:
+    client = redis_clients.connect_sync(redis_server.url, 5.0)
+    assert client.ping()
+    redis_server.kill()
+    redis_server.start()
+    assert client.ping()
+    client.close()
+
+
 @pytest.fixture
 def locked_redis(tmp_path: Path) -> Iterator[redis_servers.RedisServer]:
     server = redis_servers.RedisServer(tmp_path, password="s3cret-Pass")

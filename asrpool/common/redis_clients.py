@@ -78,10 +78,11 @@ def connect(url: str, timeout_seconds: float, *, password: str | None = None,
     """A client of the Redis (or, for a ``redis+cluster://`` URL, the Redis Cluster) at
     ``url``. A cluster client is given as the plain client's type: it answers every
     call the platform makes of one (see the module's docstring)."""
+    # The asyncio client's own Retry: given the blocking client's, it retried nothing (it
+    # called the command, got a coroutine back, no error, and the error came on await).
     options = {"password": password, "decode_responses": decode_responses,
-               **_deadlines(timeout_seconds)}
+               "retry": aioretry.Retry(backoff.NoBackoff(), 1), **_deadlines(timeout_seconds)}
     if is_cluster(url):
-        options["retry"] = aioretry.Retry(backoff.NoBackoff(), 1)
         return cast(aioredis.Redis, aiocluster.RedisCluster.from_url(plain_url(url), **options))
     return aioredis.Redis.from_url(url, **options)
 
@@ -90,7 +91,7 @@ def connect_sync(url: str, timeout_seconds: float, *, password: str | None = Non
                  decode_responses: bool = False) -> redis.Redis:
     """:func:`connect` for code without an event loop: the same deadlines and retry."""
     options = {"password": password, "decode_responses": decode_responses,
-               **_deadlines(timeout_seconds)}
+               "retry": retry.Retry(backoff.NoBackoff(), 1), **_deadlines(timeout_seconds)}
     if is_cluster(url):
         return cast(redis.Redis, redis.cluster.RedisCluster.from_url(plain_url(url), **options))
     return redis.Redis.from_url(url, **options)
@@ -111,9 +112,9 @@ def plain_url(url: str) -> str:
 
 
 def _deadlines(timeout_seconds: float) -> dict[str, Any]:
-    """Every call and connect within the timeout, tried once more on a dropped link."""
+    """Every call and connect within the timeout (the caller's retry tries it once more
+    on a dropped link)."""
     return {"socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds,
-            "retry": retry.Retry(backoff.NoBackoff(), 1),
             # The version given, not looked up: redis-py would read its package metadata
             # from disk for every new connection (1-2 ms each, as admissions open them).
             "driver_info": driver_info.DriverInfo(lib_version=redis.__version__)}
