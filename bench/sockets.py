@@ -12,10 +12,11 @@ each message arrives in a read of its own while several connections are ready at
 (:data:`PACE_S`). The figures are the server process's CPU time per message in each
 direction (``time.process_time``: the time the machine gave the clients is not counted).
 
-``asrpool bench sockets`` measures both ways of waiting for a message (:data:`READERS`)
-side by side, alternating, for the message of each input kind of ``bench capacity``,
-and writes ``sockets.json``: per message and per stream-step (the kind's messages per
-80 ms step), each reader's median over the rounds and their ratio.
+``asrpool bench sockets`` measures the pod's two ways of waiting for a message and the
+handed-over path it could take (:data:`READERS`) side by side, alternating, for the
+message of each input kind of ``bench capacity``, and writes ``sockets.json``: per message
+and per stream-step (the kind's messages per 80 ms step), each reader's median over the
+rounds and their ratios.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 import time
 from multiprocessing import queues
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from websockets.sync import client as ws_client
 
@@ -44,7 +45,11 @@ _START_TIMEOUT_S = 30.0
 # How the server waits for each message: as the pod's reader does (one idle timer per
 # connection, ``server.idleness``), or as it did before it (each receive under a timeout
 # of its own, ``asyncio.wait``), kept to measure the two side by side.
-READERS = ("idle-watch", "deadline-per-message")
+# Or, ``handed-over``, as no pod does yet: the connection taken from uvicorn after the
+# accept (``framing.WebSocketProtocol.hand_over``, as the router's relay takes it) and its
+# frames parsed in the protocol's own callback, replies written at once: no task wakes for
+# a message or a reply, no ASGI event is made. What a pod's lean path could cost.
+READERS = ("idle-watch", "deadline-per-message", "handed-over")
 # The client's connections, each sending one message per round, and the pause between
 # rounds: each message reaches the server in a read of its own, as a real-time stream's
 # do (one every 20 to 80 ms), while the server finds several connections ready at once,
@@ -151,6 +156,13 @@ def _serve(port: int, connections: int, count: int, reply: bytes,
             return
         ws = websockets.WebSocket(scope, receive, send)
         await ws.accept()
+        if reader == "handed-over":
+            if await _handed_over(scope, count, reply, phases):
+                accepted, received, sent = phases.marks
+                results.put((received - accepted, sent - received))
+            if phases.finished():
+                server.should_exit = True
+            return
         await phases.reach("accepted")
         if reader == "idle-watch":
             idle = idleness.IdleWatch(120.0, lambda: False)  # as the pod's reader keeps it
@@ -177,6 +189,79 @@ def _serve(port: int, connections: int, count: int, reply: bytes,
     server.run()  # on the loop the pod's server.run() picks (uvloop where installed)
 
 
+async def _handed_over(scope: dict[str, Any], count: int, reply: bytes,
+                       phases: _Phases) -> bool:
+    """The ``handed-over`` reader: taken over right after the accept (the client sends
+    once it has its 101), ``count`` messages parsed by :class:`_RawFrames`, then ``count``
+    replies written straight to the transport. Whether it was the last to send."""
+    from asrpool.common import framing
+    from asrpool.router import frames
+
+    loop = asyncio.get_running_loop()
+    transport = scope["extensions"][framing.HANDOVER]["protocol"].hand_over(lambda: None)
+    raw = _RawFrames(transport, count, loop.create_future(), loop.create_future())
+    transport.set_protocol(raw)
+    await phases.reach("accepted")
+    await raw.all_in
+    await phases.reach("received")
+    framed = frames.frame(frames.BINARY, reply)
+    for _ in range(count):
+        transport.write(framed)
+    last = await phases.reach("sent")
+    await raw.closed  # the client's close, answered
+    return last
+
+
+class _RawFrames(asyncio.Protocol):
+    """A client's frames (RFC 6455 5.2) parsed as its bytes arrive and unmasked by
+    websockets' C ``apply_mask``; a close is answered and ends the connection."""
+
+    def __init__(self, transport: asyncio.BaseTransport, count: int,
+                 all_in: asyncio.Future[None], closed: asyncio.Future[None]) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.left, self.all_in, self.closed = count, all_in, closed
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        from asrpool.router import frames
+
+        self.buffer += data
+        while (taken := _take_frame(self.buffer)) is not None:
+            opcode, payload = taken
+            if opcode == frames.CLOSE:
+                self.transport.write(frames.frame(frames.CLOSE, payload[:2]))
+                self.transport.close()
+                return
+            self.left -= 1
+            if self.left == 0:
+                self.all_in.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+def _take_frame(buffer: bytearray) -> tuple[int, bytes] | None:
+    """The first whole masked frame's opcode and unmasked payload, cut from ``buffer``."""
+    from websockets.speedups import apply_mask
+
+    if len(buffer) < 2:
+        return None
+    size, start = buffer[1] & 0x7F, 2
+    if size >= 126:
+        start = 4 if size == 126 else 10
+        if len(buffer) < start:
+            return None
+        size = int.from_bytes(buffer[2:start])
+    end = start + 4 + size
+    if len(buffer) < end:
+        return None
+    payload = apply_mask(bytes(buffer[start + 4:end]), bytes(buffer[start:start + 4]))
+    opcode = buffer[0] & 0x0F
+    del buffer[:end]
+    return opcode, payload
+
+
 async def _receive_by_its_deadline(ws: Any, seconds: float) -> Any:
     """A message, waited for under a timeout of its own (the pod's reader before
     ``server.idleness``)."""
@@ -200,7 +285,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def compare(kind: str, count: int, rounds: int) -> dict[str, Any]:
-    """Both readers on ``kind``'s message, alternating, ``rounds`` times."""
+    """Every reader on ``kind``'s message, alternating, ``rounds`` times."""
     from asrpool.bench import intake
 
     made = intake.build(kind, 1, 4)
@@ -221,6 +306,9 @@ def compare(kind: str, count: int, rounds: int) -> dict[str, Any]:
     row["receive_us_per_stream_step"] = {
         reader: round(receive[reader] * made.messages_per_step, 2) for reader in READERS}
     row["idle_watch_over_deadline"] = round(receive[READERS[0]] / receive[READERS[1]], 3)
+    row["handed_over_over_idle_watch"] = {
+        field: round(row[field]["handed-over"] / row[field]["idle-watch"], 3)
+        for field in ("receive_us", "send_us")}
     return row
 
 
