@@ -35,6 +35,7 @@ import numpy as np
 from websockets.asyncio import client as ws_client
 from websockets.exceptions import InvalidStatus
 
+from asrpool.bench import reports
 from asrpool.common import processes, protocol
 
 SAMPLE_RATE = protocol.SAMPLE_RATE
@@ -116,6 +117,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
         "startup_to_ready_s": ready_s, "max_p99_for_realtime_s": args.max_p99,
+        "wake_us": reports.wake_cost_us(),  # this machine's cost of a loop's wake-up
         "largest_realtime_clients": max(realtime, default=0), "rounds": rows,
         "rss_mib_over_time": [(round(t, 2), round(b / 2**20, 1)) for t, b in rss],
     }
@@ -381,7 +383,8 @@ def _print_summary(result: dict[str, Any], path: Path) -> None:
     if rss:
         print(f"  RSS MiB: min {min(rss)}  max {max(rss)}  median {statistics.median(rss)}")
     print(f"  largest N in real time (p99 <= {result['max_p99_for_realtime_s']} s): "
-          f"{result['largest_realtime_clients']}")
+          f"{result['largest_realtime_clients']}; a thread's wake-up here costs "
+          f"{result['wake_us']} us of CPU")
 
 
 def _cores(cores: dict[str, float]) -> str:

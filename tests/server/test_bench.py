@@ -22,6 +22,7 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
     assert first["frames"] == 12 and first["refused"] == 0
     assert second["refused"] == 1  # two clients, one slot
     assert first["p50_latency_s"] > 0 and result["rss_mib_over_time"]
+    assert result["wake_us"] > 0  # the machine's cost of a wake-up, beside the loop's
     # The model runs in the pod's engine thread: no child process has CPU to show.
     cores = first["pod_cpu_cores"]
     assert cores["event_loop"] > 0 and cores["other_threads"] > 0

@@ -44,6 +44,7 @@ def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
         assert [r["clients"] for r in served["rounds"]] == [1, 2]  # quarters of 2 slots, once
         assert all(r["refused"] == 0 and r["frames"] > 0 for r in served["rounds"])
         assert all(r["pod_cpu_cores"]["event_loop"] > 0 for r in served["rounds"])
+        assert served["wake_us"] > 0
     assert set(summary["server"]) == {"engine process", "engine thread",
                                       "engine thread, GIL switch 5 ms"}
     assert json.loads((tmp_path / "isolation-tiny-cpu.json").read_text())["ok"] is True
