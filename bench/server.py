@@ -173,7 +173,7 @@ def _pod_cpu_s(pid: int) -> dict[str, float]:
     for child in processes.descendants(pid):
         with contextlib.suppress(OSError):  # gone meanwhile
             children += processes.cpu_seconds(child)
-    # The loop's time is exact, the process's is in whole clock ticks: never below 0.
+    # A running loop's reading lags up to a tick behind the process's: never below 0.
     return {"event_loop": loop, "other_threads": max(0.0, whole - loop),
             "child_processes": children}
 
