@@ -161,11 +161,18 @@ class Lane:
             self._doorbell.get()
 
     def _read(self) -> None:
+        """The child's answers until its output ends. A fault here (a bug) ends the lane
+        as a dead child does: its streams are told and a new child starts. Left to
+        itself the thread would die alone, and those streams would wait on answers that
+        no one reads, for ever."""
         stdout = self._child.stdout
         assert stdout is not None
         reader = opusworker.RecordReader(stdout.fileno())
-        while (found := reader.read()) is not None:
-            self._apply(found)
+        try:
+            while (found := reader.read()) is not None:
+                self._apply(found)
+        except Exception:
+            logger.exception("Opus lane %d could not apply its child's answers", self.index)
         self._lost()
 
     def _apply(self, records: list[opusworker.Record]) -> None:

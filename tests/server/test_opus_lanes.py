@@ -9,9 +9,10 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from tests.compat import clients
 from tests.server import reference
 from tests.support import kyutai_client, servers, streams
 
+T = TypeVar("T")
 BATCH = 2
 CAP_SECONDS = 2
 
@@ -44,12 +46,22 @@ class _Endpoint:
         self.ws_url, self.headers = pod.ws_url, {}
 
 
+def _run(pod: servers.ServerProcess, session: Coroutine[Any, Any, T]) -> T:
+    """``session`` run to its end; a session that times out fails with the pod's log
+    (a neighbour's stream once stalled in CI with pages undecoded, and the pod's side of
+    it was gone with the run)."""
+    try:
+        return asyncio.run(session)
+    except TimeoutError:
+        pytest.fail(f"timed out; the pod's log:\n{pod.log()[-20000:]}")
+
+
 def _opus_session(pod: servers.ServerProcess, pieces: list[list[bytes]],
                   between: list[dict[str, Any]]) -> list[dict[str, Any]]:
     marker: list[dict[str, Any]] = [{"type": "Marker", "id": 0}]
     messages = [*clients.opus_messages(pieces[0]), *between, *marker,
                 *clients.opus_messages(pieces[1])]
-    return asyncio.run(clients.session(_Endpoint(pod), messages))  # type: ignore[arg-type]
+    return _run(pod, clients.session(_Endpoint(pod), messages))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("piece", [None, 37])
@@ -105,7 +117,7 @@ def test_an_undecodable_page_ends_that_stream_only(lanes_pod: servers.ServerProc
             error = await kyutai_client.next_error(ws)
         return error, await neighbour
 
-    error, neighbour = asyncio.run(both())
+    error, neighbour = _run(lanes_pod, both())
     assert error["code"] == protocol.ErrorCode.BAD_AUDIO, error
     assert "undecodable Ogg Opus data" in error["message"]
     assert neighbour[-1]["type"] == "Marker"
@@ -139,7 +151,7 @@ def test_the_results_of_the_audio_before_bad_bytes_come_before_the_error(
                 got.append(await kyutai_client.receive(ws))
             return got
 
-    got = asyncio.run(failing())
+    got = _run(lanes_pod, failing())
     assert got[-1]["code"] == protocol.ErrorCode.BAD_AUDIO, got[-1]
     assert [m["type"] for m in got].count("Step") >= 5 * 1000 // 80 - 1
     lanes_pod.wait_idle()
@@ -164,7 +176,7 @@ def test_a_dead_decoding_child_ends_its_streams_and_is_started_again(
                 await ws.send(kyutai_client.pack(message))
             return await kyutai_client.next_error(ws)
 
-    error = asyncio.run(cut_off())
+    error = _run(lanes_pod, cut_off())
     assert error["code"] == protocol.ErrorCode.BAD_AUDIO, error
     # Told by the dead child's reader, or by the new child's refusal of pages without
     # their stream's head, whichever comes first.
@@ -327,6 +339,32 @@ def test_a_stream_is_full_once_its_bytes_in_flight_reach_the_limit(
         assert lane.send_data(0, generation, big_page[100:200]) is True
         assert lane.full(0, generation) and buffers.decoding(0) == 2
         assert lane.send_data(0, generation + 1, big_page[200:300]) is False  # not its stream
+    finally:
+        lane.close()
+
+
+def test_a_fault_applying_answers_ends_the_lane_and_tells_its_streams(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader thread's own fault (a bug) is the lane's loss, told as a dead child's
+    is: its thread used to die alone, leaving the stream waiting on answers forever."""
+    buffers = slots.SlotBuffers(1)
+    generation = buffers.start(0)
+
+    def broken(decoded: list[slots.Decoded]) -> list[tuple[int, int]]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(buffers, "push_decoded", broken)
+    failed: list[tuple[int, int, str]] = []
+    lost = threading.Event()
+    lane = opuslanes.Lane(0, buffers, protocol.SAMPLE_RATE,
+                          report=lambda *failure: failed.append(failure),
+                          on_lost=lambda _: lost.set(), wake=lambda *_: None)
+    try:
+        for piece in clients.opus_pages(streams.random_speechlike(1.0, seed=4)):
+            lane.send_data(0, generation, piece)
+        lane.send_room(0, generation)
+        assert lost.wait(30)
+        assert lane.lost and failed == [(0, generation, "the Opus decoder of this stream failed")]
     finally:
         lane.close()
 
