@@ -33,10 +33,12 @@ from multiprocessing import queues
 from pathlib import Path
 from typing import Any, cast
 
+from websockets.speedups import apply_mask
 from websockets.sync import client as ws_client
 
 from asrpool.bench import reports
 from asrpool.common import processes
+from asrpool.router import frames
 
 KINDS = ("pcm-80ms", "pcm-1s", "opus", "opus-20ms")  # the messages of bench/intake.py
 REPLY_BYTES = 60  # a Step or Word result, as bench capacity's pod sends them
@@ -195,7 +197,6 @@ async def _handed_over(scope: dict[str, Any], count: int, reply: bytes,
     once it has its 101), ``count`` messages parsed by :class:`_RawFrames`, then ``count``
     replies written straight to the transport. Whether it was the last to send."""
     from asrpool.common import framing
-    from asrpool.router import frames
 
     loop = asyncio.get_running_loop()
     transport = scope["extensions"][framing.HANDOVER]["protocol"].hand_over(lambda: None)
@@ -223,8 +224,6 @@ class _RawFrames(asyncio.Protocol):
         self.buffer = bytearray()
 
     def data_received(self, data: bytes) -> None:
-        from asrpool.router import frames
-
         self.buffer += data
         while (taken := _take_frame(self.buffer)) is not None:
             opcode, payload = taken
@@ -242,22 +241,16 @@ class _RawFrames(asyncio.Protocol):
 
 
 def _take_frame(buffer: bytearray) -> tuple[int, bytes] | None:
-    """The first whole masked frame's opcode and unmasked payload, cut from ``buffer``."""
-    from websockets.speedups import apply_mask
-
-    if len(buffer) < 2:
+    """The first whole masked frame's opcode and unmasked payload, cut from ``buffer``
+    (its header read by the router's ``frames.header``)."""
+    got = frames.header(buffer)
+    if got is None:
         return None
-    size, start = buffer[1] & 0x7F, 2
-    if size >= 126:
-        start = 4 if size == 126 else 10
-        if len(buffer) < start:
-            return None
-        size = int.from_bytes(buffer[2:start])
-    end = start + 4 + size
+    _, opcode, head, size, _ = got
+    end = head + size
     if len(buffer) < end:
         return None
-    payload = apply_mask(bytes(buffer[start + 4:end]), bytes(buffer[start:start + 4]))
-    opcode = buffer[0] & 0x0F
+    payload = apply_mask(bytes(buffer[head:end]), bytes(buffer[head - 4:head]))
     del buffer[:end]
     return opcode, payload
 

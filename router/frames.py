@@ -88,7 +88,7 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(payload, "big") ^ key).to_bytes(len(payload), "big")
 
 
-def header(data: bytes, pos: int = 0) -> tuple[int, int, int, int, int] | None:
+def header(data: bytes | bytearray, pos: int = 0) -> tuple[int, int, int, int, int] | None:
     """(first byte, opcode, header length, payload length, mask bit) of the frame
     header at ``pos`` (RFC 6455 section 5.2), or None while it is not whole."""
     end = len(data)
