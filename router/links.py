@@ -145,11 +145,14 @@ class PodLink(asyncio.Protocol):
 
     async def close(self, code: int = 1000) -> bool:
         """A clean close (the pod frees the slot), waiting a bound for the pod's answer;
-        whether it came. Without it, or without a frame boundary to put the close frame
-        at, the link is dropped, which the pod reads as a lost connection."""
+        whether it came. Without it, without a frame boundary to put the close frame at,
+        or with bytes the pod has not taken yet, the link is dropped, which the pod reads
+        as a lost connection (the caller then asks the pod to end the stream)."""
         if self.transport is None or self.transport.is_closing():
             return True
-        if not self.at_boundary():
+        if not self.at_boundary() or self.transport.get_write_buffer_size():
+            # Cut mid-frame, or the pod is not reading (it holds back audio sent before):
+            # it would read the close too late, if ever; the caller asks for the end.
             self.abort()
             return False
         self.sink = _discard

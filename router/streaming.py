@@ -226,7 +226,7 @@ async def _left_before_upgrade(
     if resuming:
         opened.link.abort()
     else:
-        await opened.link.close()
+        await _close_link(session, opened, deps)
     await _settle(session, resuming, deps)
 
 
@@ -235,7 +235,7 @@ async def _early_frames(ws: starlette_ws.WebSocket, session: admissions.Session,
     """A client that did not wait for the 101: refused (close 1002), the stream ended."""
     log.info("session %s refused: %s", session.session_id, exc)
     deps.meters.rejections.labels("protocol_error").inc()
-    await opened.link.close()
+    await _close_link(session, opened, deps)
     await _settle(session, False, deps)
     with contextlib.suppress(Exception):
         await asyncio.wait_for(ws.close(protocol.CloseCode.PROTOCOL_ERROR, str(exc)),
@@ -270,9 +270,11 @@ async def finish(
 async def _close_link(session: admissions.Session, opened: pods.Opened,
                       deps: wiring.Deps) -> None:
     """A clean end: the pod frees the slot once it reads the close. A pod that holds
-    back a fast sender reads it only behind the audio it holds, and the link is dropped
-    before (``links.CLOSE_TIMEOUT_S``), which would keep the slot for a resume: the pod
-    is then asked to end the stream, so that its slot is free at once."""
+    back a fast sender would read it only behind the audio it holds: the link is then
+    dropped (at once, or after ``links.CLOSE_TIMEOUT_S`` without the pod's answer),
+    which alone would keep the slot for a resume, and the pod is asked to end the
+    stream. The pod keeps that request on the stream, so the slot is freed whichever it
+    sees first, the drop or the request."""
     if not await opened.link.close():
         await pods.end_stream(session.address, session.pool, deps.config,
                               opened.pod_resume_token)

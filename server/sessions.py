@@ -33,6 +33,7 @@ class Stream:
     has_output: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     room: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     resumable: bool = False  # kept for the grace after a lost connection
+    ended: bool = False  # its end was asked for (DELETE): never kept for a resume
     input: inputs.StreamInput = dataclasses.field(default_factory=inputs.StreamInput)
     attached: bool = False
     kick: asyncio.Future[outcomes.Outcome] | None = None
@@ -134,10 +135,13 @@ class Sessions:
     def end(self, token: str) -> bool:
         """End the stream a resume token names now, as if its client had closed: an
         attached connection is asked to end (``Closed``), a detached stream's slot is
-        freed. False when the token names none."""
+        freed. The request is kept on the stream, so that however its connection is
+        then seen to end (lost, as the router dropped it, before or after this), the
+        slot is freed, never held for a resume. False when the token names none."""
         stream = self._tokens.get(token)
         if stream is None:
             return False
+        stream.ended = True
         if stream.attached:
             stream.end_connection(outcomes.Closed())
         else:
@@ -171,11 +175,17 @@ class Sessions:
         stream.detached.set()
         if isinstance(outcome, outcomes.Replaced):
             return
-        if isinstance(outcome, outcomes.Lost) and stream.resumable and self._grace > 0:
+        if self._held_for_resume(stream, outcome):
             loop = asyncio.get_running_loop()
             stream.expiry = loop.call_later(self._grace, self.close, stream)
             return
         self.close(stream)
+
+    def _held_for_resume(self, stream: Stream, outcome: outcomes.Outcome) -> bool:
+        """Only a lost connection of a stream that asked to resume, and whose end was
+        not asked for, is held."""
+        return (isinstance(outcome, outcomes.Lost) and stream.resumable and not stream.ended
+                and self._grace > 0)
 
     def close(self, stream: Stream) -> None:
         if self._streams.get(stream.slot) is not stream:

@@ -73,33 +73,46 @@ async def _resume(pod: servers.ServerProcess, token: str) -> ws_client.ClientCon
     return None
 
 
-async def _still_open(ws: ws_client.ClientConnection, seconds: float = 2.0) -> bool:
-    """Whether ``ws`` is still open after ``seconds``, reading (and dropping) whatever
-    comes meanwhile: a replaced connection may get one of the stream's results before
-    its close frame, and is not open for that. One that got its close frame is closed,
-    even while the TCP connection still closes (its ``close_code`` is None until then:
-    on a loaded machine that took over 2 s, and the replaced connection counted as
-    attached)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    try:
+async def _drain(ws: ws_client.ClientConnection) -> None:
+    """Read (and drop) whatever comes until the connection closes: a replaced connection
+    may get some of the stream's results before its close frame."""
+    with contextlib.suppress(ws_exceptions.ConnectionClosed):
         while True:
-            await asyncio.wait_for(ws.recv(), max(0.0, deadline - loop.time()))
-    except ws_exceptions.ConnectionClosed:
-        return False
-    except TimeoutError:
-        pass
-    return ws.state is ws_protocol.State.OPEN
+            await ws.recv()
+
+
+async def _open_ones(opened: list[ws_client.ClientConnection],
+                     within: float) -> list[ws_client.ClientConnection]:
+    """The connections still open once at most one is, or once ``within`` seconds have
+    passed: judged by what happened to them (a replaced one gets its close frame, which
+    can take seconds on a loaded machine), never by a short window."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        still = [ws for ws in opened if ws.state is ws_protocol.State.OPEN]
+        if len(still) <= 1 or loop.time() > deadline:
+            return still
+        await asyncio.sleep(0.1)
 
 
 async def test_resumes_racing_with_one_token_attach_once(pod: servers.ServerProcess) -> None:
-    token = await _held_stream(pod)
-    both = await asyncio.gather(*(_resume(pod, token) for _ in range(3)))
-    opened = [ws for ws in both if ws is not None]
-    alive = [ws for ws, open_ in zip(opened, await asyncio.gather(
-        *(_still_open(ws) for ws in opened)), strict=True) if open_]
-    assert len(alive) == 1, f"{len(alive)} connections attached to one stream"
-    assert pod.metric("asr_open_channels") == 1
-    for ws in opened:
-        await ws.close()
-    await _wait_free(pod, within=5)
+    """Six resumes with one token at once, five times over: each time exactly one
+    connection stays attached (the others are replaced), and it is the stream's."""
+    for _ in range(5):
+        token = await _held_stream(pod)
+        both = await asyncio.gather(*(_resume(pod, token) for _ in range(6)))
+        opened = [ws for ws in both if ws is not None]
+        drains = [asyncio.create_task(_drain(ws)) for ws in opened]
+        alive = await _open_ones(opened, within=30)
+        assert len(alive) == 1, f"{len(alive)} connections attached to one stream"
+        assert pod.metric("asr_open_channels") == 1
+        survivor = drains[opened.index(alive[0])]
+        survivor.cancel()  # recv() may be cancelled: the stream's messages stay queued
+        await asyncio.gather(survivor, return_exceptions=True)
+        await alive[0].send(kyutai_client.marker(7))
+        await alive[0].send(kyutai_client.audio(np.zeros(1920 * 8, dtype=np.float32)))
+        await kyutai_client.until_marker(alive[0], 7)
+        for ws in opened:
+            await ws.close()
+        await asyncio.gather(*drains, return_exceptions=True)
+        await _wait_free(pod, within=5)
