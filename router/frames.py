@@ -5,9 +5,11 @@ only frame headers, so that the router still knows where frames begin and end. I
 returns the bytes to pass on, with the control frames the router answers itself cut
 out; holds back a header split over two reads until it is whole; counts data
 messages; and on the client's direction enforces the message-size limit from each
-header (before the payload arrives) and the framing rules a server must check
-(masking, no RSV bits since no extension is negotiated, known opcodes, whole small
-control frames, continuations only inside a fragmented message).
+header, before the payload arrives (a fragmented message's fragments counted together:
+the fragment that takes it over the limit is refused, and :attr:`Scanner.fragmented`
+then says that fragments before it were passed), and the framing rules a server must
+check (masking, no RSV bits since no extension is negotiated, known opcodes, whole
+small control frames, continuations only inside a fragmented message).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import struct
 import sys
 from typing import NamedTuple
 
+from asrpool.common import framing
+
 CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 _OPCODES = frozenset({CONT, TEXT, BINARY, CLOSE, PING, PONG})
-_U16, _U64 = struct.Struct("!H"), struct.Struct("!Q")
 
 
 class Fault(enum.Enum):
@@ -88,27 +91,7 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(payload, "big") ^ key).to_bytes(len(payload), "big")
 
 
-def header(data: bytes | bytearray, pos: int = 0) -> tuple[int, int, int, int, int] | None:
-    """(first byte, opcode, header length, payload length, mask bit) of the frame
-    header at ``pos`` (RFC 6455 section 5.2), or None while it is not whole."""
-    end = len(data)
-    if end - pos < 2:
-        return None
-    first, second = data[pos], data[pos + 1]
-    size, head, masked = second & 0x7F, 2, second & 0x80
-    if size == 126:
-        if end - pos < 4:
-            return None
-        size, head = _U16.unpack_from(data, pos + 2)[0], 4
-    elif size == 127:
-        if end - pos < 10:
-            return None
-        size, head = _U64.unpack_from(data, pos + 2)[0], 10
-    if masked:
-        head += 4
-        if end - pos < head:
-            return None
-    return first, first & 0x0F, head, size, masked
+header = framing.header  # (first byte, opcode, header length, payload length, mask bit)
 
 
 class Scanner:
@@ -175,8 +158,8 @@ class Scanner:
     def discarding(self) -> Scanner:
         """A scanner of the same flow from a refused frame's header on, which passes
         everything (the caller drops it) and checks no size: so that the rest of a
-        refused client's bytes, its refused frame's payload first, can be read and
-        dropped, and its close still found."""
+        refused client's bytes, its refused frame's payload and the rest of its message
+        first, can be read and dropped, and its close still found."""
         flow = Scanner(self.from_client, sys.maxsize, self.cut)
         flow.fragmented = self.fragmented
         return flow

@@ -6,10 +6,12 @@ frames are valid frames for the pod and the pod's frames valid for the client: e
 read from one socket is written to the other as is. A :class:`frames.Scanner` per
 direction follows the frame headers, so that the router still
 
-- refuses a client message over ``max_bytes`` from its header, and a frame a server
-  must refuse (close 1002), before any of it reaches the pod; the pod is told of a
-  message over the limit in the client's place (``protocol.router_refusal``), so that
-  the results of the audio it has still reach the client before the ``Error``;
+- refuses a client message over ``max_bytes`` from a frame's header (a single frame,
+  or the fragment that takes a fragmented message over it), and a frame a server must
+  refuse (close 1002), before that frame reaches the pod; the pod is told of a message
+  over the limit in the client's place (``protocol.router_refusal``: a message of its
+  own, or the last fragment of a message whose first fragments it has), so that the
+  results of the audio it has still reach the client before the ``Error``;
 - sees each side's close frame (the stream's end, settled by the caller) and answers
   the pod's pings itself, never the client (hop-by-hop liveness, as before);
 - pings its client every ``ping_interval_seconds`` and drops one from which nothing arrived
@@ -139,21 +141,25 @@ class Relay:
                 self._client_closed(control.payload)
                 return
         if scan.fault is frames.Fault.TOO_LARGE:
-            self._refuse_through_pod(refusals.too_large(scan.size, self.max_bytes))
+            refusal = refusals.too_large(scan.size, self.max_bytes)
+            self._refuse_through_pod(refusal, self.up.fragmented)
             self.client_flow = self.up.discarding()
             self._discard_client(scan.rest)
         elif scan.fault is frames.Fault.PROTOCOL:
             self.end(proxying.ClientLeft(protocol.CloseCode.PROTOCOL_ERROR))
             self.close_client(protocol.CloseCode.PROTOCOL_ERROR, "invalid frame")
 
-    def _refuse_through_pod(self, refusal: refusals.Refusal) -> None:
-        """A client message refused from its header (none of it reaches the pod): the
-        pod is told in the client's place, so that it sends the results of the audio it
-        has, then the ``Error`` and its close, all relayed; the stream ends with the
-        pod's close, as for a bad message the pod refuses itself. Meanwhile the
-        client's bytes are read and dropped (:meth:`_discard_client`)."""
+    def _refuse_through_pod(self, refusal: refusals.Refusal, fragmented: bool) -> None:
+        """A client message refused from a frame's header (that frame does not reach the
+        pod): the pod is told in the client's place, so that it sends the results of the
+        audio it has, then the ``Error`` and its close, all relayed; the stream ends with
+        the pod's close, as for a bad message the pod refuses itself. A message whose
+        first fragments were passed on is ended with the refusal as its last fragment
+        (the pod drops the message for it). Meanwhile the client's bytes are read and
+        dropped (:meth:`_discard_client`)."""
         self.refused = refusal
-        told = frames.frame(frames.BINARY, protocol.router_refusal(refusal), os.urandom(4))
+        opcode = frames.CONT if fragmented else frames.BINARY
+        told = frames.frame(opcode, protocol.router_refusal(refusal), os.urandom(4))
         self.link.write(told)  # at a frame boundary: the refused frame was not passed on
 
     def _discard_client(self, data: bytes) -> None:

@@ -181,11 +181,6 @@ class Pod:
         throttled = rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())
         return dataclasses.replace(throttled, held=not self._from_a_router(headers))
 
-    @property
-    def behind_routers(self) -> bool:
-        """Whether only routers reach this pod (it has a pod token: see :meth:`refusal`)."""
-        return auth.revealed(self.settings.pod_token) is not None
-
     def _from_a_router(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
         token = auth.revealed(self.settings.pod_token)
         if token is None:

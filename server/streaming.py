@@ -196,7 +196,7 @@ async def _read_messages(ws: websockets.WebSocket, pod: pods.Pod, handle: handle
             await handle.push(decoded)
             idle.active()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
-            return _refused_by_the_router(pod, exc, data) or _client_fault(exc)
+            return _refused_by_the_router(exc, data) or _client_fault(exc)
 
 
 def _client_fault(exc: protocol.ProtocolError) -> outcomes.Failed:
@@ -205,11 +205,12 @@ def _client_fault(exc: protocol.ProtocolError) -> outcomes.Failed:
                            else protocol.CloseCode.POLICY)
 
 
-def _refused_by_the_router(pod: pods.Pod, exc: protocol.ProtocolError,
-                           data: bytes) -> outcomes.Failed | None:
-    """The refusal of a client message that the router refused in its place (a frame
-    over the size limit): not a type a client sends, and taken only behind routers."""
-    if exc.code != protocol.ErrorCode.UNKNOWN_TYPE or not pod.behind_routers:
+def _refused_by_the_router(exc: protocol.ProtocolError, data: bytes) -> outcomes.Failed | None:
+    """The refusal of a client message that a router refused in its place (over the size
+    limit): not a type a client sends, and taken on any link, as a pod without a pod
+    token has routers in front of it too (a client that forges one ends its own stream
+    as the message it stands for would)."""
+    if exc.code != protocol.ErrorCode.UNKNOWN_TYPE:
         return None
     return protocol.decode_router_refusal(data)
 

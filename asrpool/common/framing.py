@@ -3,16 +3,22 @@
 Both run uvicorn's sans-I/O websocket protocol through :class:`WebSocketProtocol`, a
 subclass that changes two policies to moshi-server's:
 
-- Frame limit: ``ws_max_size`` equals ``max_message_bytes`` (16 MiB by default, as
-  moshi-server's axum). A larger frame is refused by the parser from its header,
-  before its payload is buffered; plain uvicorn (websockets) then closes with 1009 at
-  once and says nothing, and the results of the audio before the frame are lost.
-  Here the parser reads the frame's payload and discards it (a chunk at a time, never
-  buffered whole), parses on behind it, and hands the application, after the
-  messages before the frame, a ``websocket.receive`` event that carries the refusal
-  (:func:`refused`): ``Error{code:"too_large"}`` naming the sizes, and close 1009.
-  The application ends the stream with it once the results of the audio it received
-  are out, as moshi-server delivers them.
+- Frame limit: a frame over ``max_message_bytes`` (``ws_max_size``, 16 MiB by default,
+  as moshi-server's axum), or one that takes a fragmented message over it, is refused by
+  the parser from its header, before its payload is buffered; plain uvicorn
+  (websockets) then closes with 1009 at once and says nothing, and the results of the
+  audio before the frame are lost. Here the parser reads the frame's payload and
+  discards it (a chunk at a time, never buffered whole), and so the rest of its message
+  (the continuation frames behind it, control frames between them taken as ever), parses
+  on behind it, and hands the application, after the messages before the frame, a
+  ``websocket.receive`` event that carries the refusal (:func:`refused`):
+  ``Error{code:"too_large"}`` naming the sizes, and close 1009. The application ends
+  the stream with it once the results of the audio it received are out, as moshi-server
+  delivers them. A router refuses such a message itself and tells its pod with a
+  ``RouterRefusal`` (``protocol.router_refusal``); when the router had passed the first
+  fragments on, the refusal is the message's last fragment, which stands for the whole
+  message here, and the parser admits a fragmented message ``ROUTER_REFUSAL_BYTES`` over
+  the limit so that it fits (the handler refuses a binary message over it itself).
 - A refused handshake (HTTP 401 before the upgrade) is a complete one: plain uvicorn
   logs an ERROR line for each.
 - Liveness: moshi-server drops a client it has heard nothing from (no frame of any
@@ -45,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 import sys
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, cast
@@ -60,32 +67,124 @@ HANDOVER = "asrpool.handover"
 UNSENT_BYTES = 16 << 10  # in the kernel, and again in the transport, per connection
 REFUSED = "asrpool.refused"  # the key of a receive event that carries a refused frame's Refusal
 MASK_BYTES = 4  # a client frame's masking key, after its header
+FIN_BIT, RSV_BITS = 0x80, 0x70  # of a frame's first byte
+CONTROL_BYTES = 125  # the most payload a control frame may have (RFC 6455 section 5.5)
+_READING = frozenset({ws_protocol.OPEN, ws_protocol.CLOSING})  # the client's frames still parsed
+_U16, _U64 = struct.Struct("!H"), struct.Struct("!Q")
+# (first byte, opcode, header length with the mask, payload length, mask bit)
+Header = tuple[int, int, int, int, int]
+
+
+def header(data: bytes | bytearray, pos: int = 0) -> Header | None:
+    """The frame header at ``pos`` (RFC 6455 section 5.2), or None while it is not whole.
+    The pod's parser reads a refused message's fragments with it, the router its relay."""
+    end = len(data)
+    if end - pos < 2:
+        return None
+    first, second = data[pos], data[pos + 1]
+    size, head, masked = second & 0x7F, 2, second & 0x80
+    if size == 126:
+        if end - pos < 4:
+            return None
+        size, head = _U16.unpack_from(data, pos + 2)[0], 4
+    elif size == 127:
+        if end - pos < 10:
+            return None
+        size, head = _U64.unpack_from(data, pos + 2)[0], 10
+    if masked:
+        head += MASK_BYTES
+        if end - pos < head:
+            return None
+    return first, first & 0x0F, head, size, masked
 
 
 class RefusingConnection(server.ServerProtocol):
-    """websockets' server side, but a message over ``max_size`` does not fail the
-    connection: its payload is read and discarded as it arrives, parsing goes on behind
-    it, and the connection stays open, so that the application can still send (the
-    results of the audio before it, its ``Error``) and close. :attr:`parser_exc` is
-    the refused frame's ``PayloadTooBig``, until the protocol takes it."""
+    """websockets' server side, but a message over ``max_bytes`` does not fail the
+    connection: the frame refused from its header is read and discarded as it arrives,
+    and so is the rest of its message, parsing goes on behind it, and the connection
+    stays open (closing too: the application may have closed it before the client sent
+    the rest), so that the application can still send (the results of the audio before
+    it, its ``Error``) and close. :attr:`refused` is the last refused frame's
+    ``PayloadTooBig``, which the parser leaves in ``parser_exc`` for the protocol."""
+
+    refused: exceptions.PayloadTooBig | None = None
+
+    def __init__(self, max_bytes: int, **kwargs: Any) -> None:
+        # A frame over max_bytes is refused; a fragmented message only past the room a
+        # router's refusal may take at its end (the handler refuses it over max_bytes).
+        super().__init__(max_size=(max_bytes + protocol.ROUTER_REFUSAL_BYTES, max_bytes),
+                         **kwargs)
+        self.max_bytes = max_bytes
 
     def fail(self, code: int, reason: str = "") -> None:
         refused = sys.exception()  # parse() fails the connection from its except clause
-        if (code == frames.CloseCode.MESSAGE_TOO_BIG and self.state is ws_protocol.OPEN
+        if (code == frames.CloseCode.MESSAGE_TOO_BIG and self.state in _READING
                 and isinstance(refused, exceptions.PayloadTooBig) and refused.message is None
                 and refused.size is not None):
-            self.parser = self._skipping(MASK_BYTES + refused.size)
-            next(self.parser)
+            self.refused = refused
+            self.current_size = None  # its message is dropped whole
+            # Started by the protocol once it has the refusal (not here: the messages
+            # behind the frame must not reach the application before it).
+            self.parser = self._dropping(MASK_BYTES + refused.size)
             return
         super().fail(code, reason)
 
-    def _skipping(self, count: int) -> Generator[None]:
-        """Read and discard ``count`` bytes, as much as has arrived at a time, then
-        parse on (the end of the stream meanwhile: parse() fails the connection)."""
-        while count and not (yield from self.reader.at_eof()):
-            skipped = yield from self.reader.read_exact(min(count, len(self.reader.buffer)))
-            count -= len(skipped)
+    def _dropping(self, count: int) -> Generator[None]:
+        """Discard the refused frame's payload (``count`` bytes, its mask first), then
+        the continuation frames of its message, each as it arrives, taking the control
+        frames between them as parse() does; then parse on behind the message (a stray
+        continuation right behind a refused final frame is dropped as well)."""
+        yield from self._skip(count)
+        while (got := (yield from self._next_header())) is not None:
+            first, opcode, head, size, masked = got
+            if opcode >= frames.Opcode.CLOSE and size <= CONTROL_BYTES:
+                if not (yield from self._control(head + size)):
+                    break  # the stream ended first: parse() fails the connection
+                continue
+            if opcode != frames.Opcode.CONT or first & RSV_BITS or not masked:
+                break  # the message is over, or the frame is bad: parse() tells which
+            del self.reader.buffer[:head]
+            yield from self._skip(size)
+            if first & FIN_BIT:
+                break
         yield from self.parse()
+
+    def _skip(self, count: int) -> Generator[None]:
+        """Discard ``count`` bytes, as many as have arrived at a time (the end of the
+        stream meanwhile: parse() fails the connection)."""
+        buffer = self.reader.buffer
+        while count and not (yield from self.reader.at_eof()):
+            taken = min(count, len(buffer))
+            del buffer[:taken]
+            count -= taken
+
+    def _next_header(self) -> Generator[None, None, Header | None]:
+        """The next frame's header once it is whole (not consumed); None at the end."""
+        while (got := header(self.reader.buffer)) is None:
+            if self.reader.eof:
+                return None
+            yield
+        return got
+
+    def _control(self, length: int) -> Generator[None, None, bool]:
+        """Take the control frame of ``length`` bytes ahead, once it is whole, as parse()
+        does (a close or a bad frame replaces this parser, as there); False if the
+        stream ended first."""
+        while len(self.reader.buffer) < length:
+            if self.reader.eof:
+                return False
+            yield
+        try:
+            frame = yield from frames.Frame.parse(self.reader.read_exact, mask=True,
+                                                  extensions=self.extensions)
+            self.recv_frame(frame)
+        except exceptions.ProtocolError as exc:
+            self.fail(frames.CloseCode.PROTOCOL_ERROR, str(exc))
+            self.parser_exc = exc
+        except UnicodeDecodeError as exc:
+            self.fail(frames.CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+            self.parser_exc = exc
+        return True
 
 
 class EarlyFrames(RuntimeError):
@@ -96,6 +195,7 @@ class EarlyFrames(RuntimeError):
 class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with moshi-server's policies."""
 
+    conn: RefusingConnection
     heard_at = 0.0  # loop time of the last bytes received from the client
     on_shutdown: Callable[[], None] | None = None  # set once the transport is handed over
     send_timeout_seconds: float | None = None  # set by limits.uvicorn_options
@@ -105,8 +205,8 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         built = self.conn  # uvicorn's, rebuilt alike as a RefusingConnection
-        self.conn = RefusingConnection(extensions=built.available_extensions,
-                                       max_size=self.config.ws_max_size, logger=built.logger)
+        self.conn = RefusingConnection(self.config.ws_max_size, logger=built.logger,
+                                       extensions=built.available_extensions)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -179,15 +279,25 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
             # ERROR for every refused client.
             self.handshake_complete = True
 
+    def handle_cont(self, event: frames.Frame) -> None:
+        if event.fin and protocol.decode_router_refusal(event.data) is not None:
+            # A router refused this fragmented message after passing its first fragments
+            # on, and ended it with its refusal: that stands for the whole message.
+            self.frames = []
+        super().handle_cont(event)
+
     def handle_parser_exception(self) -> None:
-        exc = self.conn.parser_exc
-        if isinstance(exc, exceptions.PayloadTooBig) and self.conn.state is ws_protocol.OPEN:
-            self.conn.parser_exc = None  # refused, not failed: the connection goes on
-            self.handle_events()  # the messages before the frame reach the app first
-            # An ASGI receive event with a key of ours, which ASGI's types do not know.
-            self.queue.put_nowait(cast(Any, refusal_event(_reason(exc))))
+        refused = self.conn.refused
+        if refused is None or self.conn.parser_exc is not refused:
+            super().handle_parser_exception()
             return
-        super().handle_parser_exception()
+        self.conn.parser_exc = None  # refused, not failed: the connection goes on
+        self.handle_events()  # the messages before the frame reach the app first
+        self.frames = []  # the fragments before it, of the message it belongs to
+        if self.conn.state is ws_protocol.OPEN:  # else the app has closed: it reads no more
+            # An ASGI receive event with a key of ours, which ASGI's types do not know.
+            self.queue.put_nowait(cast(Any, refusal_event(_reason(refused, self.conn.max_bytes))))
+        self.data_received(b"")  # the bytes behind the frame's header, already received
 
 
 def refusal_event(reason: str) -> dict[str, Any]:
@@ -238,8 +348,8 @@ def peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-def _reason(exc: exceptions.PayloadTooBig) -> str:
+def _reason(exc: exceptions.PayloadTooBig, max_bytes: int) -> str:
     """The sizes as far as the parser knows them (a compressed frame's size is not)."""
     if exc.size is None:
-        return f"message exceeds the limit of {exc.max_size} bytes once decompressed"
-    return str(protocol.too_large(exc.size + (exc.current_size or 0), exc.max_size))
+        return f"message exceeds the limit of {max_bytes} bytes once decompressed"
+    return str(protocol.too_large(exc.size + (exc.current_size or 0), max_bytes))

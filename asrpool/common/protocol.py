@@ -199,31 +199,42 @@ def too_large(size: int, max_bytes: int) -> ProtocolError:
 
 
 ROUTER_REFUSAL_TYPE = "RouterRefusal"
+# The most bytes a router's refusal takes: the pod's frame parser admits a fragmented
+# message this much over the limit, so that a refusal ending one still fits
+# (asrpool.common.framing); the pod's handler refuses any binary message over the limit.
+ROUTER_REFUSAL_BYTES = 256
+_ROUTER_REFUSAL_TEXT = 160  # characters of its message: it stays within the bytes above
 
 
 def router_refusal(refusal: Refusal) -> bytes:
     """A router's message to its pod, in the client's place: the router refused the
-    client's next message itself (a frame over the size limit, from its header), so the
-    pod never sees it. The pod ends the stream with ``refusal`` as with a bad message of
-    its own: the results of the audio it received, then the ``Error``, then the close.
-    Pods take it only on a router's link (one that carries the pod token)."""
-    return encode({"type": ROUTER_REFUSAL_TYPE, "message": refusal.message,
+    client's message itself from a frame's header (over the size limit), so the pod never
+    sees it whole. The pod ends the stream with ``refusal`` as with a bad message of its
+    own: the results of the audio it received, then the ``Error``, then the close. It is
+    a message of its own between the client's, or the last fragment of a fragmented
+    message whose first fragments the router had passed on (the pod drops those)."""
+    return encode({"type": ROUTER_REFUSAL_TYPE, "message": refusal.message[:_ROUTER_REFUSAL_TEXT],
                    "code": str(refusal.code), "close_code": int(refusal.close_code)})
 
 
-def decode_router_refusal(data: bytes) -> Refusal | None:
-    """The refusal in a :func:`router_refusal` message; None for any other bytes."""
+def decode_router_refusal(data: bytes | bytearray | memoryview) -> Refusal | None:
+    """The refusal in a :func:`router_refusal` message; None for any other bytes. Taken
+    from anyone, routers or not (a client reaches a pod without a pod token directly):
+    it is only ever a message over the size limit, which a client that forges one could
+    as well have sent to end its own stream."""
+    if len(data) > ROUTER_REFUSAL_BYTES:
+        return None
     try:
         body = msgpack.unpackb(data, raw=False)
     except (ValueError, msgpack.UnpackException):  # every way msgpack says 'not msgpack'
         return None
     if not isinstance(body, dict) or body.get("type") != ROUTER_REFUSAL_TYPE:
         return None
-    try:
-        return Refusal(str(body["message"]), ErrorCode(body["code"]),
-                       CloseCode(body["close_code"]))
-    except (KeyError, ValueError):
+    message = body.get("message")
+    if (not isinstance(message, str) or body.get("code") != ErrorCode.TOO_LARGE
+            or body.get("close_code") != CloseCode.TOO_LARGE):
         return None
+    return Refusal(message, ErrorCode.TOO_LARGE, CloseCode.TOO_LARGE)
 
 
 def decode_client(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ClientMessage:

@@ -86,11 +86,12 @@ def endpoint(request: pytest.FixtureRequest, platform: Platform) -> Endpoint:
         return Endpoint("pod", pod.ws_url, pod.http_url, pod,
                         {"asrpool-pod-token": support.POD_TOKEN})
     router = platform.router
-    support.wait_until(lambda: _settled(router), 20, "the router's sessions to end")
+    support.wait_until(lambda: settled(router), 20, "the router's sessions to end")
     return Endpoint("router", router.ws_url, router.url, platform.pod, {})
 
 
-def _settled(router: support.RouterProcess) -> bool:
+def settled(router: support.RouterProcess) -> bool:
+    """Whether the router holds no session on the pool's pods (its Redis leases)."""
     status, body = support.http_get(router.url + "/api/pools")
     pods = json.loads(body)["pools"]["default"]["pods"] if status == 200 else []
     return all(p["router_sessions"] == 0 for p in pods)

@@ -15,7 +15,8 @@ import websockets
 from websockets.asyncio import client as ws_client
 
 from tests.compat import clients, conftest
-from tests.support import kyutai_client, streams
+from tests.router import support
+from tests.support import kyutai_client, oversized
 
 Send = Callable[[ws_client.ClientConnection], Awaitable[None]]
 
@@ -70,22 +71,29 @@ async def test_a_frame_over_16_mib(endpoint: conftest.Endpoint) -> None:
     assert str(16 << 20) in error["message"]
 
 
-async def test_a_frame_over_16_mib_behind_audio_lets_that_audios_words_out(
-        endpoint: conftest.Endpoint) -> None:
-    """As moshi-server: the words of the audio sent right before a frame over the limit
-    still come back, then the Error, then close 1009; the other stream carries on."""
-    speech = streams.random_speechlike(2.0, seed=4)
-    silence = np.zeros(clients.SECOND, dtype=np.float32)
+@pytest.mark.parametrize("shape", list(oversized.SHAPES))
+async def test_a_message_over_16_mib_right_behind_audio_lets_that_audios_results_out(
+        endpoint: conftest.Endpoint, platform: conftest.Platform, shape: str) -> None:
+    """As moshi-server: the results of the audio sent right before a message over the
+    limit (one frame, or fragments of any size) still come back, its marker included,
+    then the Error, then close 1009; nothing of the stream is left on the pod, the router
+    or Redis; the other stream carries on."""
+    message = oversized.SHAPES[shape]
 
-    async def send(ws: ws_client.ClientConnection) -> None:
-        await clients.send_all(ws, [*clients.chunked(speech, clients.FRAME),
-                                    {"type": "Audio", "pcm": silence}])
-        with contextlib.suppress(websockets.ConnectionClosed):  # refused mid-send
-            await ws.send(b"\x00" * (17 << 20))
+    async def send(ws: ws_client.ClientConnection) -> None:  # the other stream holds a slot
+        await oversized.send_after_audio(ws, message, lambda: endpoint.used_slots() == 1)
 
     told, close_code = await _told_next_to_a_healthy_stream(endpoint, send)
-    assert told and (told[-1].get("code"), close_code) == ("too_large", 1009), told[-1:]
-    assert kyutai_client.words(told), "the words of the audio before the frame are lost"
+    oversized.check_refused(told, close_code, message)
+    assert kyutai_client.words(told), "the words of the audio before the message are lost"
+    await _nothing_left(endpoint, platform)
+
+
+async def _nothing_left(endpoint: conftest.Endpoint, platform: conftest.Platform) -> None:
+    """No slot used on the pod, no session the router holds in Redis."""
+    await clients.used_slots_become(endpoint, 0, 30)
+    await asyncio.to_thread(support.wait_until, lambda: conftest.settled(platform.router), 30,
+                            "the router's sessions to end")
 
 
 async def test_truncated_opus_pages(endpoint: conftest.Endpoint) -> None:

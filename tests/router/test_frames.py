@@ -107,3 +107,77 @@ def test_mid_frame_is_not_a_boundary() -> None:
     assert not scanner.at_boundary
     scanner.feed(word[100:])
     assert scanner.at_boundary
+
+
+
+def fragments(*sizes: int) -> list[bytes]:
+    """The masked frames of a fragmented binary message, fragments of these sizes."""
+    last = len(sizes) - 1
+    return [fragment(frames.BINARY if i == 0 else frames.CONT, b"f" * size, i == last)
+            for i, size in enumerate(sizes)]
+
+
+def fragment(opcode: int, payload: bytes, fin: bool) -> bytes:
+    framed = frames.frame(opcode, payload, MASK)
+    return framed if fin else bytes([framed[0] & 0x7F]) + framed[1:]
+
+
+def until_fault(scanner: frames.Scanner, data: bytes, cuts: list[int]) -> list[frames.Scan]:
+    scans = []
+    for scan in feed_in(scanner, data, cuts):
+        scans.append(scan)
+        if scan.fault is not frames.Fault.NONE:
+            break
+    return scans
+
+
+@given(st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=12))
+def test_a_fragmented_message_is_refused_at_the_fragment_that_passes_the_limit(
+        cuts: list[int]) -> None:
+    """Fragments count together and control frames between them do not: a message of
+    exactly the limit passes; the next is refused from the header of the fragment that
+    takes it over, with the size up to that fragment, its first fragments passed on."""
+    scanner = frames.Scanner(True, 1000, frozenset({frames.PONG}))
+    whole, over = fragments(400, 400, 200), fragments(400, 400, 300)
+    ping = frames.frame(frames.PING, b"p" * 100, MASK)
+    pong = frames.frame(frames.PONG, b"q" * 100, MASK)
+    flow = whole[0] + ping + whole[1] + whole[2] + pong + b"".join(over)
+    scans = until_fault(scanner, flow, cuts)
+    assert (scans[-1].fault, scans[-1].size) == (frames.Fault.TOO_LARGE, 1100)
+    assert b"".join(s.forward for s in scans) == (
+        whole[0] + ping + whole[1] + whole[2] + over[0] + over[1])
+    assert len(scans[-1].rest) >= 8 and over[2].startswith(scans[-1].rest)  # its header on
+    assert scanner.fragmented and scanner.messages == 1  # the relay must end the message
+
+
+def test_each_message_counts_from_zero() -> None:
+    scanner = frames.Scanner(True, 1000, frozenset())
+    flow = b"".join([*fragments(600, 400), frames.frame(frames.BINARY, b"x" * 1000, MASK),
+                     *fragments(1, 999)])
+    scan = scanner.feed(flow)
+    assert (scan.fault, scan.forward, scanner.messages) == (frames.Fault.NONE, flow, 3)
+    assert not scanner.fragmented and scanner.at_boundary
+
+
+def test_a_first_fragment_over_the_limit_is_refused_alone() -> None:
+    scanner = frames.Scanner(True, 1000, frozenset())
+    ok = frames.frame(frames.BINARY, b"x" * 10, MASK)
+    scan = scanner.feed(ok + fragments(1001, 10)[0])
+    assert (scan.fault, scan.size, scan.forward) == (frames.Fault.TOO_LARGE, 1001, ok)
+    assert not scanner.fragmented  # the relay tells the pod with a message of its own
+
+
+@given(st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=12))
+def test_a_refused_fragmented_messages_rest_is_discarded_and_the_close_found(
+        cuts: list[int]) -> None:
+    """Its remaining fragments (control frames between them) are read by a discarding
+    scanner as the continuations they are, never a fault, and the close behind found."""
+    scanner = frames.Scanner(True, 1000, frozenset({frames.CLOSE, frames.PONG}))
+    over = fragments(400, 400, 300, 5000, 0)
+    ping = frames.frame(frames.PING, b"p", MASK)
+    scan = scanner.feed(b"".join(over[:2]) + over[2][:8])
+    assert scan.fault is frames.Fault.TOO_LARGE
+    rest = scan.rest + over[2][8:] + over[3] + ping + over[4] + frames.close_frame(1000, mask=MASK)
+    scans = feed_in(scanner.discarding(), rest, cuts)
+    assert [c.opcode for s in scans for c in s.controls] == [frames.CLOSE]
+    assert all(s.fault is frames.Fault.NONE for s in scans)

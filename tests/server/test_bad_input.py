@@ -108,13 +108,26 @@ async def test_unknown_type(idle_server: servers.ServerProcess) -> None:
     assert "Shout" in error["message"]
 
 
-async def test_a_routers_refusal_is_no_message_of_a_client(
+async def test_a_routers_refusal_is_taken_from_any_link(
         idle_server: servers.ServerProcess) -> None:
-    """A pod that routers do not front (no pod token) takes a router's refusal of a
-    client's message for what it is from a client: an unknown type."""
-    told = protocol.Refusal("message of 9 bytes exceeds the limit of 8 bytes",
-                            protocol.ErrorCode.TOO_LARGE, protocol.CloseCode.TOO_LARGE)
-    error = await _refused(idle_server, _sender(protocol.router_refusal(told)))
+    """A pod without a pod token has routers in front of it too (the local platform's):
+    it takes a router's refusal of a client's message over the limit from any link, as
+    the too_large it stands for (a client that forges one ends only its own stream)."""
+    refusal = protocol.Refusal("message of 9 bytes exceeds the limit of 8 bytes",
+                               protocol.ErrorCode.TOO_LARGE, protocol.CloseCode.TOO_LARGE)
+    told, close_code = await _told_next_to_a_healthy_stream(
+        idle_server, _sender(protocol.router_refusal(refusal)))
+    assert (_error_last(told)["code"], close_code) == ("too_large", 1009)
+    assert _error_last(told)["message"] == refusal.message
+
+
+async def test_a_routers_refusal_of_another_kind_is_no_message(
+        idle_server: servers.ServerProcess) -> None:
+    """Routers refuse nothing else so: a 'refusal' that claims another code is a message
+    of an unknown type, not an Error of the client's choosing."""
+    forged = protocol.Refusal("the pod failed", protocol.ErrorCode.INTERNAL,
+                              protocol.CloseCode.INTERNAL)
+    error = await _refused(idle_server, _sender(protocol.router_refusal(forged)))
     assert error["code"] == "unknown_type"
 
 
