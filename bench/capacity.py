@@ -33,7 +33,9 @@ the capacity batch's messages (``bench/sockets.py``) is added to the host work, 
 ceiling of one event loop doing both.
 
 Writes ``bench/results/capacity-<model>-<device>[-<input>].json`` (``streams_per_gpu``:
-the capacity found) and a PNG of step time against batch with the 80 ms line.
+the capacity found) and a PNG of step time against batch with the 80 ms line. The JSON
+is also what ``asrpool serve --paced-engine`` paces its stand-in by (its ``model``,
+``device_name`` and each batch's ``engine_p50_ms``: ``server/pacing.py``).
 
     asrpool bench capacity --model small --device cpu --price-per-gpu-hour 2.5
 """

@@ -10,17 +10,21 @@ import fastapi
 from fastapi import responses
 
 from asrpool.common import auth, builds, protocol, redis_clients
-from asrpool.server import enginechild, pods, settings, streaming, uploads
+from asrpool.server import enginechild, pacing, pods, settings, streaming, uploads
 from asrpool.server import metrics as metrics_mod
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-    from asrpool.server import engine
+    from asrpool.server import stepping
 
 
 def build_deps(config: settings.ServerSettings) -> pods.Deps:
-    """The real dependencies: the model named in the settings, Redis, the key file."""
+    """The real dependencies: the model named in the settings (or its paced stand-in),
+    Redis, the key file. A bad paced engine's file is refused here, before the pod starts
+    (``pacing.ProfileError``), as a bad key file is."""
+    if config.paced_engine is not None:
+        pacing.read_profile(config.paced_engine)
     return pods.Deps(
         engine_factory=lambda: _build_engine(config),
         redis=_connect_redis(config),
@@ -35,7 +39,7 @@ def _connect_redis(config: settings.ServerSettings) -> aioredis.Redis | None:
                                  password=config.redis_password_value())
 
 
-def _build_engine(config: settings.ServerSettings) -> engine.BatchedEngine:
+def _build_engine(config: settings.ServerSettings) -> stepping.Engine:
     return enginechild.build_engine(enginechild.EngineSpec.of(config))
 
 

@@ -5,7 +5,9 @@ starts (Mimi's streaming buffers, the LM's rolling KV caches of ``context`` step
 Each :meth:`BatchedEngine.step` takes at most one 1920-sample frame per slot, masks
 the slots without one (moshi's exec masks: their state does not move), and runs one
 batched Mimi encode and one batched LM step. A slot joins or leaves through
-:meth:`BatchedEngine.reset_slot`, which resets that slot alone.
+:meth:`BatchedEngine.reset_slot`, which resets that slot alone. What is no model's
+(frames in, words and markers out) is ``stepping.Engine``'s, which the paced stand-in
+(``pacing``) shares.
 
 As in Kyutai's moshi-server, the LM sees each stream's audio one step late: at a
 slot's first step it gets the initial (padding) tokens, then the codes of the frame
@@ -16,49 +18,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from moshi.models.lm import LMGen
 from moshi.modules.transformer import RingKVCache
-from numpy.typing import NDArray
 
-from asrpool.common import protocol
-from asrpool.server import events as ev
-from asrpool.server import models
+from asrpool.server import models, stepping
 from asrpool.server.models import LoadedModel
 
-FRAME_SIZE = protocol.FRAME_SIZE
+# The engine's names that ``stepping`` owns, where their users have always found them.
+FRAME_SIZE = stepping.FRAME_SIZE
+EngineInputError = stepping.EngineInputError
+StepResult = stepping.StepResult
+check_frame = stepping.check_frame
 
 
-class EngineInputError(ValueError):
-    """A frame or slot the engine cannot take; nothing was changed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """What one batched step produced: events per slot, and the raw tokens (for tests)."""
-
-    events: dict[int, list[ev.Event]]
-    text_tokens: dict[int, int]
-    audio_codes: dict[int, list[int]]
-
-
-class BatchedEngine:
+class BatchedEngine(stepping.Engine):
     def __init__(self, model: LoadedModel, batch_size: int) -> None:
-        if batch_size < 1:
-            raise EngineInputError(f"batch size must be at least 1, got {batch_size}")
+        super().__init__(model.model_id, batch_size, model.asr_delay_in_tokens,
+                         model.tokenizer.decode, len(model.lm.extra_heads) > 0)
         if model.lm.is_streaming or model.mimi.is_streaming:
             raise EngineInputError("this model is already owned by another open engine")
         self.model = model
-        self.batch_size = batch_size
         self.device = model.device
         self.lm_gen = LMGen(model.lm, use_sampling=False, temp=0.0, temp_text=0.0,
                             support_out_of_sync=True)
         self.num_codebooks = model.lm.num_audio_codebooks
-        self.has_extra_heads = len(model.lm.extra_heads) > 0
         self._stack = contextlib.ExitStack()
         try:  # an engine that fails to open (out of memory) leaves the model unowned
             self._stack.enter_context(model.mimi.streaming(batch_size))
@@ -72,12 +59,6 @@ class BatchedEngine:
                                      model.lm.initial_token_id, dtype=torch.long,
                                      device=self.device)
         self._prev_codes = self._pad_codes.clone()
-        self._pcm = np.zeros((batch_size, 1, FRAME_SIZE), dtype=np.float32)
-        self.decoders = [
-            ev.WordDecoder(model.asr_delay_in_tokens, model.tokenizer.decode)
-            for _ in range(batch_size)
-        ]
-        self.steps_run = 0
 
     def close(self) -> None:
         self._stack.close()
@@ -85,23 +66,9 @@ class BatchedEngine:
     def __enter__(self) -> BatchedEngine:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def reset_slot(self, slot: int, keep_markers: bool = False) -> None:
-        """Start a fresh stream in ``slot``; every other slot is untouched. With
-        ``keep_markers`` (a client's ``Init``), its pending markers stay due as many
-        steps later as they were."""
-        self.reset_slots([slot], keep_markers)
-
-    def reset_slots(self, slots: Iterable[int], keep_markers: bool = False) -> None:
-        """:meth:`reset_slot` for several slots in one vectorised reset (moshi's
-        ``reset_streaming(mask)`` walks every streaming module once, whatever the mask)."""
-        rows = sorted(set(slots))
-        for slot in rows:
-            self._check_slot(slot)
-        if not rows:
-            return
+    def _reset_rows(self, rows: list[int]) -> None:
+        """One ``reset_streaming(mask)`` on Mimi and LMGen (moshi's reset walks every
+        streaming module once, whatever the mask) for these rows alone."""
         mask = torch.zeros(self.batch_size, dtype=torch.bool)
         mask[rows] = True
         mask = mask.to(self.device)
@@ -109,8 +76,6 @@ class BatchedEngine:
         self.lm_gen.reset_streaming(mask)
         self._clear_caches(mask)
         self._prev_codes[mask] = self._pad_codes[mask]
-        for slot in rows:
-            self.decoders[slot].reset(keep_markers)
 
     def _clear_caches(self, mask: torch.Tensor) -> None:
         """Zero the rows of ``mask`` in every attention cache. moshi's reset only rewinds
@@ -120,40 +85,14 @@ class BatchedEngine:
         for cache in self._kv_caches:
             cache.cache.masked_fill_(rows, 0.0)
 
-    def add_marker(self, slot: int, marker_id: int, frames_pending: int) -> None:
-        self._check_slot(slot)
-        self.decoders[slot].add_marker(marker_id, frames_pending)
-
-    def step(self, frames: Mapping[int, NDArray[np.float32]],
-             masked_audio: NDArray[np.floating[Any]] | None = None) -> StepResult:
-        """Run one batched step over the slots in ``frames`` (slot -> 1920 samples).
-
-        ``masked_audio`` is what the rows of the other slots carry (zeros by default);
-        it must not change any result, and the tests check that.
-        """
-        self._load_frames(frames, masked_audio)
-        if not frames:
-            return StepResult({}, {}, {})
+    def _forward(self, slots: list[int]) -> stepping.Forwarded:
         mask = torch.zeros(self.batch_size, dtype=torch.bool)
-        mask[list(frames)] = True
+        mask[slots] = True
         with models.compile_policy(self.device):
-            text_tokens, prs, codes = self._forward(mask.to(self.device))
-        self.steps_run += 1
-        return self._decode(sorted(frames), text_tokens, prs, codes)
-
-    def _load_frames(self, frames: Mapping[int, NDArray[np.float32]],
-                     masked_audio: NDArray[np.floating[Any]] | None) -> None:
-        for slot, frame in frames.items():
-            self._check_slot(slot)
-            check_frame(frame)
-        self._pcm[:] = 0.0 if masked_audio is None else masked_audio.reshape(self._pcm.shape)
-        for slot, frame in frames.items():
-            self._pcm[slot, 0] = frame
+            return self._model_step(mask.to(self.device))
 
     @torch.no_grad()
-    def _forward(
-        self, mask: torch.Tensor
-    ) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
+    def _model_step(self, mask: torch.Tensor) -> stepping.Forwarded:
         pcm = torch.from_numpy(self._pcm).to(self.device, non_blocking=True)
         self.model.mimi.set_exec_mask(mask)
         self.lm_gen.set_exec_mask(mask)
@@ -170,26 +109,6 @@ class BatchedEngine:
         return (packed[:, 0].astype(np.int64), packed[:, 1:1 + n_heads],
                 packed[:, 1 + n_heads:].astype(np.int64))
 
-    def _decode(self, slots: list[int], text_tokens: NDArray[np.int64], prs: NDArray[np.float32],
-                codes: NDArray[np.int64]) -> StepResult:
-        events: dict[int, list[ev.Event]] = {}
-        for slot in slots:
-            decoder = self.decoders[slot]
-            token = int(text_tokens[slot])
-            slot_events = decoder.feed(token)
-            if self.has_extra_heads:
-                slot_events.insert(0, ev.Step(decoder.step_idx, tuple(map(float, prs[slot]))))
-            events[slot] = slot_events
-        return StepResult(
-            events=events,
-            text_tokens={slot: int(text_tokens[slot]) for slot in slots},
-            audio_codes={slot: codes[slot].tolist() for slot in slots},
-        )
-
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.batch_size:
-            raise EngineInputError(f"slot {slot} is out of range (0..{self.batch_size - 1})")
-
     def state_nbytes(self) -> int:
         """Bytes held by every tensor of the streaming state (constant by design)."""
         seen: set[int] = set()
@@ -198,15 +117,6 @@ class BatchedEngine:
                   *self.lm_gen.get_streaming_state().values()]
         return sum(_tensor_bytes(state, seen) for state in states) + sum(
             _tensor_bytes(t, seen) for t in (self._prev_codes, self._pad_codes))
-
-
-def check_frame(frame: NDArray[np.float32]) -> None:
-    if not isinstance(frame, np.ndarray) or frame.shape != (FRAME_SIZE,):
-        shape = getattr(frame, "shape", type(frame).__name__)
-        raise EngineInputError(f"a frame must be {FRAME_SIZE} mono samples, got {shape}")
-    problem = protocol.sample_problem(frame)
-    if problem is not None:
-        raise EngineInputError(f"a frame {problem}")
 
 
 def _kv_caches(*states: Mapping[str, object]) -> list[RingKVCache]:

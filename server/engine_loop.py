@@ -8,6 +8,8 @@ client's frame waits at most one step.
 
 Who runs a batch is a :class:`Runner`: :class:`InProcess` (the engine in this thread)
 or ``enginechild.ChildRunner`` (the engine in a child process, ``--engine-process``).
+Either runs any ``stepping.Engine``: the model's (``engine.BatchedEngine``) or its paced
+stand-in (``pacing.PacedEngine``, ``--paced-engine``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from asrpool.server import events as events_mod
 from asrpool.server import slots
 
 if TYPE_CHECKING:
-    from asrpool.server import engine as engine_mod
+    from asrpool.server import pacing, stepping
 
 logger = logging.getLogger(__name__)
 
-EngineFactory = Callable[[], "engine_mod.BatchedEngine"]
+EngineFactory = Callable[[], "stepping.Engine"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,11 @@ class StepOutput:
 class Ready:
     model_id: str
     state_nbytes: int
+    pace: pacing.Pace | None = None  # a paced stand-in's (``--paced-engine``)
+
+    @classmethod
+    def of(cls, engine: stepping.Engine) -> Ready:
+        return cls(engine.model_id, engine.state_nbytes(), engine.pace)
 
 
 class Runner(Protocol):
@@ -70,12 +77,12 @@ class InProcess:
     def __init__(self, factory: EngineFactory, warmup_steps: int = 2) -> None:
         self._factory = factory
         self._warmup_steps = warmup_steps
-        self._engine: engine_mod.BatchedEngine | None = None
+        self._engine: stepping.Engine | None = None
 
     def ready(self) -> Ready:
         self._engine = engine = self._factory()
         warm_up(engine, self._warmup_steps)
-        return Ready(engine.model.model_id, engine.state_nbytes())
+        return Ready.of(engine)
 
     def run(self, batch: slots.Batch) -> StepOutput:
         assert self._engine is not None, "run before ready"
@@ -125,7 +132,7 @@ class EngineLoop:
             runner.close()
 
 
-def warm_up(engine: engine_mod.BatchedEngine, steps: int) -> None:
+def warm_up(engine: stepping.Engine, steps: int) -> None:
     """The first steps pay for compilation and allocation; pay before taking clients."""
     started = time.monotonic()
     silence = np.zeros(slots.FRAME_SIZE, dtype=np.float32)
@@ -135,7 +142,7 @@ def warm_up(engine: engine_mod.BatchedEngine, steps: int) -> None:
     logger.info("engine warmed up in %.1f s", time.monotonic() - started)
 
 
-def run_batch(engine: engine_mod.BatchedEngine, batch: slots.Batch) -> StepOutput:
+def run_batch(engine: stepping.Engine, batch: slots.Batch) -> StepOutput:
     if batch.resets:
         engine.reset_slots(batch.resets)
     restarted = sorted(set(batch.restarts) - set(batch.resets))  # a reset restarts too

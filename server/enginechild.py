@@ -40,8 +40,8 @@ from asrpool.common import logs
 from asrpool.server import engine_loop, slots
 
 if TYPE_CHECKING:
-    from asrpool.server import engine as engine_mod
     from asrpool.server import settings as settings_mod
+    from asrpool.server import stepping
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +59,21 @@ class EngineSpec:
     context: int | None = None
     revision: str | None = None
     torch_threads: int | None = None
+    paced_engine: str | None = None  # a bench capacity file: no model, its paced stand-in
 
     @classmethod
     def of(cls, config: settings_mod.ServerSettings) -> EngineSpec:
+        paced = None if config.paced_engine is None else str(config.paced_engine)
         return cls(config.model, config.batch_size, config.device, config.dtype,
-                   config.context, config.model_revision, config.torch_threads)
+                   config.context, config.model_revision, config.torch_threads, paced)
 
 
-def build_engine(spec: EngineSpec) -> engine_mod.BatchedEngine:
+def build_engine(spec: EngineSpec) -> stepping.Engine:
+    """The model's engine, or the paced stand-in of a bench capacity file (no torch)."""
+    if spec.paced_engine is not None:
+        from asrpool.server import pacing  # no torch: a paced pod never loads it
+
+        return pacing.build(spec.paced_engine, spec.batch_size)
     import torch
 
     from asrpool.server import engine, models  # torch is imported only when the pod starts
@@ -205,7 +212,7 @@ def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection
     try:
         stage = "warm up"
         engine_loop.warm_up(engine, warmup_steps)
-        conn.send(engine_loop.Ready(engine.model.model_id, engine.state_nbytes()))
+        conn.send(engine_loop.Ready.of(engine))
         stage = "run a step"
         _serve(engine, conn, _rows(shared, spec.batch_size))
     except BaseException as exc:
@@ -219,7 +226,7 @@ def _last_word(conn: connection.Connection, failed: _Failed) -> None:
         conn.send(failed)
 
 
-def _serve(engine: engine_mod.BatchedEngine, conn: connection.Connection,
+def _serve(engine: stepping.Engine, conn: connection.Connection,
            rows: NDArray[np.float32]) -> None:
     while True:
         try:

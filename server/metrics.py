@@ -45,6 +45,11 @@ class ServerMetrics:
         self.resumes = prom.Counter(
             "asr_resumes", "Streams reattached with a resume token", registry=r)
         self.draining = prom.Gauge("asr_draining", "1 while the pod drains", registry=r)
+        self.paced_engine = prom.Gauge(
+            "asr_paced_engine",
+            "1: the engine is a paced stand-in (serve --paced-engine), no model runs; the "
+            "model and the device whose bench capacity result times its steps",
+            ["model", "measured_on"], registry=r)
         self.audio_seconds = prom.Counter(
             "asr_audio_seconds",
             "Seconds of stream audio the engine has transcribed (80 ms per slot per step); "

@@ -25,7 +25,7 @@ from moshi.models.lm import LMModel
 from moshi.utils import compile as moshi_compile
 
 from asrpool.common import dtypes, protocol, weights
-from asrpool.server import codebooks, tokenizers
+from asrpool.server import answers, codebooks, tokenizers
 
 FRAME_RATE = protocol.FRAME_RATE
 
@@ -75,10 +75,19 @@ def _lm_kwargs(n_q: int, card: int, text_card: int, **overrides: Any) -> dict[st
         n_q=n_q, dep_q=0, card=card, text_card=text_card, existing_text_padding_id=3,
         delays=[0] * (n_q + 1), causal=True, layer_scale=None, max_period=10000,
         gating="silu", norm="rms_norm_f32", positional_embedding="rope",
-        extra_heads_num_heads=4, extra_heads_dim=6,
+        extra_heads_dim=6,
         depformer_dim=16, depformer_num_heads=1, depformer_num_layers=1,
     )
     return base | overrides
+
+
+def _preset(name: str, mimi_config: dict[str, Any], lm_kwargs: dict[str, Any],
+            vocab_size: int, text_bias: bool) -> Preset:
+    """A preset whose delay and extra heads are those ``answers`` gives its name (which
+    the paced engine answers with, building no model)."""
+    said = answers.PRESETS[name]
+    return Preset(mimi_config, lm_kwargs | {"extra_heads_num_heads": said.extra_heads},
+                  said.delay, vocab_size, text_bias)
 
 
 # ``stt-1b-en_fr`` and ``stt-2.6b-en`` follow Kyutai's own moshi-server configurations
@@ -88,29 +97,29 @@ def _lm_kwargs(n_q: int, card: int, text_card: int, **overrides: Any) -> dict[st
 # 5,632 wide, Python moshi 21 * 2048 / 8 = 5,376 (it reads 8192 as 4 * dim); a hidden
 # scale of 4.125 (8,448, two thirds of which is 5,632) builds the released width.
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(
-        _tiny_mimi(),
+    "tiny": _preset(
+        "tiny", _tiny_mimi(),
         _lm_kwargs(8, 64, 256, dim=64, num_heads=4, num_layers=2, hidden_scale=2,
                    context=25),
-        asr_delay_in_tokens=6, vocab_size=256, text_bias=True,
+        vocab_size=256, text_bias=True,
     ),
-    "small": Preset(
-        loaders._mimi_config,
+    "small": _preset(
+        "small", loaders._mimi_config,
         _lm_kwargs(32, 2048, 256, dim=512, num_heads=8, num_layers=8, hidden_scale=4.125,
                    context=375),
-        asr_delay_in_tokens=6, vocab_size=256, text_bias=True,
+        vocab_size=256, text_bias=True,
     ),
-    "stt-1b-en_fr": Preset(
-        loaders._mimi_config,
+    "stt-1b-en_fr": _preset(
+        "stt-1b-en_fr", loaders._mimi_config,
         _lm_kwargs(32, 2048, 8000, dim=2048, num_heads=16, num_layers=16, hidden_scale=4.125,
                    context=750, max_period=100000),
-        asr_delay_in_tokens=6, vocab_size=256, text_bias=False,
+        vocab_size=256, text_bias=False,
     ),
-    "stt-2.6b-en": Preset(
-        loaders._mimi_config,
+    "stt-2.6b-en": _preset(
+        "stt-2.6b-en", loaders._mimi_config,
         _lm_kwargs(32, 2048, 4000, dim=2048, num_heads=32, num_layers=48, hidden_scale=4.125,
-                   context=375, max_period=100000, extra_heads_num_heads=0),
-        asr_delay_in_tokens=32, vocab_size=256, text_bias=False,
+                   context=375, max_period=100000),
+        vocab_size=256, text_bias=False,
     ),
 }
 
@@ -275,9 +284,11 @@ def _from_checkpoint_info(
     )
 
 
-# Kyutai's server configurations set these delays; the repos' config.json only give
-# seconds (2.5 s is 31.25 steps), and Kyutai's configuration for the 2.6B model says 32.
-KYUTAI_SERVER_DELAYS = {"kyutai/stt-1b-en_fr": 6, "kyutai/stt-2.6b-en": 32}
+# Kyutai's server configurations set these delays (those of the presets of the repos'
+# architectures); the repos' config.json only give seconds (2.5 s is 31.25 steps), and
+# Kyutai's configuration for the 2.6B model says 32.
+KYUTAI_SERVER_DELAYS = {repo: answers.PRESETS[preset].delay
+                        for repo, preset in answers.KYUTAI_REPOS.items()}
 
 
 def asr_delay_from_config(config: dict[str, Any], model_id: str = "") -> int:

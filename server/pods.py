@@ -14,6 +14,7 @@ import enum
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
@@ -30,6 +31,9 @@ from asrpool.server import (
     settings,
     slots,
 )
+
+if TYPE_CHECKING:
+    from asrpool.server import pacing
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,7 @@ class Pod:
             self._slots_changed)
         self.state = State.LOADING
         self.model_id = config.model
+        self.pace: pacing.Pace | None = None  # a paced stand-in's, once it is ready
         self.failure: BaseException | None = None
         self.instance = registry.new_instance()  # this process, among pods of one id
         self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
@@ -227,11 +232,12 @@ class Pod:
 
     def modules_info(self) -> list[dict[str, str]]:
         """moshi-server's shape (a list of modules, every value a string), plus
-        ``model`` and ``draining``."""
-        return [{"type": "batched_asr", "path": protocol.STREAMING_PATH,
-                 "lm": self.model_id, "audio_tokenizer": self.model_id,
-                 "used_slots": str(self.sessions.used), "total_slots": str(self.sessions.total),
-                 "model": self.model_id, "draining": str(self.state is State.DRAINING).lower()}]
+        ``model`` and ``draining``, and ``paced`` where a paced stand-in serves."""
+        module = {"type": "batched_asr", "path": protocol.STREAMING_PATH,
+                  "lm": self.model_id, "audio_tokenizer": self.model_id,
+                  "used_slots": str(self.sessions.used), "total_slots": str(self.sessions.total),
+                  "model": self.model_id, "draining": str(self.state is State.DRAINING).lower()}
+        return [module if self.pace is None else module | {"paced": self.pace.label}]
 
     def beat(self) -> registry.PodHeartbeat:
         return registry.PodHeartbeat(
@@ -244,12 +250,15 @@ class Pod:
 
     def _on_ready(self, ready: engine_loop.Ready) -> None:
         self.model_id = ready.model_id
+        self.pace = ready.pace
+        if ready.pace is not None:
+            self.metrics.paced_engine.labels(ready.model_id, ready.pace.measured_on).set(1)
         if self.state is State.LOADING:
             self.state = State.READY
             heap.freeze_startup_objects()  # the model is loaded and warm: see common.heap
         self._heartbeat_wake.set()
         logger.info("ready: model %s, %d slots, streaming state %.1f MiB, the engine in %s, "
-                    "GIL switch %g ms", ready.model_id, self.sessions.total,
+                    "GIL switch %g ms", _model_of(ready), self.sessions.total,
                     ready.state_nbytes / 2**20,
                     "a child process" if self.settings.engine_process else "a thread",
                     sys.getswitchinterval() * 1e3)
@@ -309,3 +318,12 @@ class Pod:
         await heartbeat.run(redis, self.beat, self.settings.heartbeat_interval_seconds,
                             lease_ms, self._heartbeat_wake, self.instance,
                             announce=self.settings.announce_pool)
+
+
+def _model_of(ready: engine_loop.Ready) -> str:
+    """The ready line's model: its id, or what a paced stand-in stands in for."""
+    pace = ready.pace
+    if pace is None:
+        return ready.model_id
+    return (f"{ready.model_id} PACED (a stand-in, no model runs: {pace.step_ms:.2f} ms per "
+            f"step from the {pace.measured_on} bench capacity)")

@@ -35,9 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from asrpool.common import auth, redis_clients
+    from asrpool.server import pacing
 
     return settings_cli.run("serve", lambda: _prepare(args), _serve,
-                            auth.KeyFileError, redis_clients.RedisPasswordError)
+                            auth.KeyFileError, redis_clients.RedisPasswordError,
+                            pacing.ProfileError)
 
 
 def _prepare(args: argparse.Namespace) -> tuple[settings.ServerSettings, pods.Deps]:

@@ -33,6 +33,12 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=dtypes.AUTO, description="auto is bfloat16 on CUDA, float32 elsewhere")
     torch_threads: int | None = pydantic.Field(
         default=None, ge=1, description="CPU intra-op threads for torch (default: torch's)")
+    # A rehearsal of the host path at GPU scale without a GPU (server.pacing): every part
+    # of the pod runs, but the model's forward is a stand-in timed by a bench capacity
+    # result; the file names the model, and --device, --dtype and --context do not apply.
+    paced_engine: Path | None = pydantic.Field(
+        default=None, description="a bench capacity JSON: stand in for its model's forward "
+        "with the measured step time of --batch-size (no weights, no GPU; never a model)")
 
     # Where it listens and how the platform finds it.
     host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
