@@ -10,6 +10,14 @@ server's step duration and step lag (from its ``/metrics``), its RSS over time (
 ``bench/results/``, and the server's output to a ``.log`` of the same name beside it.
 
     asrpool bench server --model small --batch-size 8 --clients 1,2,4,8 --seconds 20
+
+At GPU scale without a GPU, ``--paced-engine FILE`` runs the pod on the paced stand-in of
+a ``bench capacity`` result (``serve --paced-engine``: everything real but the model's
+forward), driven by :mod:`rtclients`, whose pre-encoded streams keep real time by the
+thousand on two cores:
+
+    asrpool bench server --paced-engine bench/results/capacity-stt-1b-en_fr-cuda.json \
+        --batch-size 1024 --clients 256,512,768,1024 --client-processes 1 --engine-process
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from concurrent import futures
 from pathlib import Path
@@ -35,7 +44,7 @@ import numpy as np
 from websockets.asyncio import client as ws_client
 from websockets.exceptions import InvalidStatus
 
-from asrpool.bench import reports
+from asrpool.bench import reports, rtclients
 from asrpool.common import processes, protocol
 
 SAMPLE_RATE = protocol.SAMPLE_RATE
@@ -60,12 +69,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "clients outrun one event loop, which would count as latency)")
     parser.add_argument("--engine-process", action="store_true",
                         help="the pod's engine in a child process (serve --engine-process)")
+    parser.add_argument("--batches-in-flight", type=int, choices=(1, 2), default=None,
+                        help="with --engine-process, the pod's --engine-batches-in-flight "
+                             "(default: the pod's; file -inflight<n>)")
     parser.add_argument("--gil-switch-ms", type=float, default=None,
                         help="the pod's GIL switch interval (serve --gil-switch-ms; default: "
                              "the pod's)")
     parser.add_argument("--message-ms", type=int, choices=MESSAGE_MS, default=FRAME_MS,
                         help="audio per client message: an 80 ms frame sent whole or in "
                              "pieces (browsers send 20-80 ms), paced in real time")
+    parser.add_argument("--paced-engine", default=None, metavar="FILE",
+                        help="the pod's engine is the paced stand-in of this bench capacity "
+                             "result (serve --paced-engine): its model, no GPU; implies "
+                             "--raw-clients")
+    parser.add_argument("--raw-clients", action="store_true",
+                        help="clients on raw asyncio protocols with pre-encoded frames "
+                             "(bench.rtclients): a thousand keep real time on two cores; "
+                             "they need a model with extra heads (a Step per frame)")
     parser.add_argument("--max-p99", type=float, default=0.5,
                         help="p99 latency (s) under which N counts as real time")
     parser.add_argument("--out", default="bench/results")
@@ -74,6 +94,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.paced_engine is not None:
+        args.model, args.raw_clients = _paced_model(args.paced_engine), True
     counts = [int(n) for n in args.clients.split(",")]
     server = _Server(args, _out_path(args, ".log"))
     rss = _RssSampler(server.pid)
@@ -92,13 +114,26 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _paced_model(path: str) -> str:
+    """The model a paced engine's file measured; a bad file ends the bench in one line."""
+    from asrpool.server import pacing
+
+    try:
+        return pacing.read_profile(path).model
+    except pacing.ProfileError as exc:
+        raise SystemExit(f"asrpool bench server: {exc}") from None
+
+
 def _out_path(args: argparse.Namespace, suffix: str) -> Path:
     """The JSON result (``.json``) or the server's output (``.log``)."""
-    mode = "-process" if args.engine_process else ""
+    mode = "-paced" if args.paced_engine is not None else ""
+    mode += "-process" if args.engine_process else ""
     if args.message_ms != FRAME_MS:
         mode += f"-msg{args.message_ms}ms"
     if args.gil_switch_ms is not None:
         mode += f"-gil{args.gil_switch_ms:g}ms"
+    if args.batches_in_flight is not None:
+        mode += f"-inflight{args.batches_in_flight}"
     return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
 
 
@@ -113,6 +148,8 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
         "message_ms": args.message_ms,
         "dtype": args.dtype, "client_processes": args.client_processes,
         "engine_process": args.engine_process, "gil_switch_ms": _pods_gil_switch_ms(args),
+        "paced_engine": args.paced_engine, "raw_clients": args.raw_clients,
+        "batches_in_flight": args.batches_in_flight,
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
@@ -152,7 +189,15 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         "loop_us_per_frame": _per_frame(cpu_after["event_loop"] - cpu_before["event_loop"],
                                         len(latencies)),
         "messages_per_frame": _pieces(args),
+        # Cores the raw clients used (None for the websockets clients): what the pod
+        # could not have on this machine.
+        "client_cpu_cores": _client_cores(results, wall),
     }
+
+
+def _client_cores(results: list[dict[str, Any]], wall: float) -> float | None:
+    spent = [r["cpu_s"] for r in results if "cpu_s" in r]
+    return round(sum(spent) / wall, 3) if spent else None
 
 
 def _pieces(args: argparse.Namespace) -> int:
@@ -181,6 +226,8 @@ def _pod_cpu_s(pid: int) -> dict[str, float]:
 def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     processes = max(1, min(args.client_processes, clients))
     groups = [list(range(clients))[i::processes] for i in range(processes)]
+    if args.raw_clients:
+        return _run_raw_clients(url, [len(group) for group in groups], args.seconds)
     pieces = _pieces(args)
     if processes == 1:
         return _client_group(url, args.seconds, pieces, groups[0])
@@ -189,6 +236,19 @@ def _run_clients(url: str, clients: int, args: argparse.Namespace) -> list[dict[
         done = pool.map(_client_group, [url] * processes, [args.seconds] * processes,
                         [pieces] * processes, groups)
         return [result for group in done for result in group]
+
+
+def _run_raw_clients(url: str, counts: list[int], seconds: float) -> list[dict[str, Any]]:
+    """:mod:`rtclients` streams, ``counts[i]`` in process ``i``; one result per process,
+    in the shape of a client's (``refused``, ``latencies``)."""
+    address = urllib.parse.urlsplit(url)
+    host, port = address.hostname or "127.0.0.1", address.port or 80
+    context = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(len(counts), mp_context=context) as pool:
+        done = pool.map(rtclients.run_in_process, [host] * len(counts), [port] * len(counts),
+                        [address.path] * len(counts), counts, [seconds] * len(counts),
+                        range(len(counts)))
+        return list(done)
 
 
 def _client_group(url: str, seconds: float, pieces: int,
@@ -286,8 +346,8 @@ def _histogram_quantile(before: dict[str, float], after: dict[str, float], name:
 class _Server:
     def __init__(self, args: argparse.Namespace, log: Path) -> None:
         self.port = processes.free_port()
-        command = [sys.executable, "-m", "asrpool.cli", "serve", "--model", args.model,
-                   "--batch-size", str(args.batch_size), "--device", args.device,
+        command = [sys.executable, "-m", "asrpool.cli", "serve", *_engine_args(args),
+                   "--batch-size", str(args.batch_size),
                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
                    # Every client connects at once: the pod's new-streams gate (50 a second,
                    # a burst of 100) would refuse hundreds of them, and this is not its test.
@@ -300,6 +360,8 @@ class _Server:
             command.append("--engine-process")
         if args.gil_switch_ms is not None:
             command += ["--gil-switch-ms", str(args.gil_switch_ms)]
+        if args.batches_in_flight is not None:
+            command += ["--engine-batches-in-flight", str(args.batches_in_flight)]
         log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()
         try:
@@ -324,11 +386,20 @@ class _Server:
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             text = r.read().decode()
-        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-                if line and not line.startswith("#")}
+        # A sample's labels may hold spaces (a paced pod's measured_on): its value is last.
+        samples = (line.rsplit(" ", 1) for line in text.splitlines()
+                   if line and not line.startswith("#"))
+        return {name: float(value) for name, value in samples}
 
     def stop(self) -> None:
         self.child.stop(40)
+
+
+def _engine_args(args: argparse.Namespace) -> list[str]:
+    """The pod's engine: the paced stand-in of a bench capacity file, or a model."""
+    if args.paced_engine is not None:
+        return ["--paced-engine", args.paced_engine]
+    return ["--model", args.model, "--device", args.device]
 
 
 class _RssSampler:

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,6 +69,22 @@ class Runner(Protocol):
     def run(self, batch: slots.Batch) -> StepOutput: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Pipelined(Runner, Protocol):
+    """A runner that takes the next batch while it steps one (``enginechild.ChildRunner``):
+    ``submit`` hands a batch over, ``collect`` returns the oldest one's output."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def submit(self, batch: slots.Batch) -> None: ...
+
+    def collect(self) -> StepOutput: ...
 
 
 class InProcess:
@@ -123,13 +139,36 @@ class EngineLoop:
             return
         try:
             self._loop.call_soon_threadsafe(self._on_ready, runner.ready())
-            while (batch := self._buffers.take()) is not None:
-                self._loop.call_soon_threadsafe(self._on_output, runner.run(batch))
+            if isinstance(runner, Pipelined):
+                self._pipeline(runner)
+            else:
+                self._one_by_one(runner)
         except BaseException as exc:  # a dead engine must not leave a live-looking pod
             logger.exception("engine thread failed")
             self._loop.call_soon_threadsafe(self._on_failure, exc)
         finally:
             runner.close()
+
+
+    def _one_by_one(self, runner: Runner) -> None:
+        while (batch := self._buffers.take()) is not None:
+            self._emit(runner.run(batch))
+
+    def _pipeline(self, runner: Pipelined) -> None:
+        """The next batch is taken and handed over while the last is stepped, and the
+        last's output comes back after: a step's hand-over overlaps the one before. It
+        waits for work only with nothing in flight, so a lone frame is stepped at once."""
+        while True:
+            batch = self._buffers.take_now() if runner.in_flight else self._buffers.take()
+            if batch is not None:
+                runner.submit(batch)
+            if not runner.in_flight:
+                return  # closed
+            if batch is None or runner.full:
+                self._emit(runner.collect())
+
+    def _emit(self, output: StepOutput) -> None:
+        self._loop.call_soon_threadsafe(self._on_output, output)
 
 
 def warm_up(engine: stepping.Engine, steps: int) -> None:

@@ -6,10 +6,14 @@ slots kept up with 256 clients and not 512, its steps lengthened by the loop's w
 Here the child owns the model and runs each :class:`slots.Batch` (``run_batch``, as the
 thread does); the pod's engine thread only hands batches over and results back.
 
-- Frames travel in one shared array of ``batch_size`` rows of 1920 samples (the
-  parent writes a slot's row, the child reads it while the parent waits); the batch's
-  resets, restarts, markers and rows, and the step's events and duration, travel
-  pickled on a pipe (the rest of a batch and its output stays in the parent).
+- Frames travel in two shared arrays of ``batch_size`` rows of 1920 samples, used in
+  turn: the parent writes the rows of batch N+1 into one while the child steps batch N
+  from the other (:meth:`ChildRunner.submit`, then :meth:`ChildRunner.collect` of the
+  older batch), so the hand-over (rows, pickles, pipe, the parent's GIL) overlaps the
+  child's step instead of adding to it. A buffer is written again only once the batch
+  that used it has come back. The batch's resets, restarts, markers and rows, and the
+  step's events and duration, travel pickled on a pipe (the rest of a batch and its
+  output stays in the parent).
 - The child ignores SIGINT and SIGTERM: the pod decides when it ends (a Ctrl-C in a
   terminal reaches the whole process group, and the pod drains first). It exits when
   the pipe closes, so a pod killed outright takes it along.
@@ -19,6 +23,7 @@ thread does); the pod's engine thread only hands batches over and results back.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT = 10.0
+BUFFERS = 2  # batches in flight: one stepped by the child, the next handed over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,16 +118,25 @@ class ChildRunner:
     """The parent's side: runs batches in the child; one caller (the engine thread)."""
 
     def __init__(self, spec: EngineSpec, warmup_steps: int,
-                 on_exit: Callable[[BaseException], object] | None = None) -> None:
+                 on_exit: Callable[[BaseException], object] | None = None,
+                 in_flight: int = BUFFERS) -> None:
         """``on_exit`` hears (from a thread of its own) of a child that exits before
-        ``close``: an idle pod's engine thread waits for work and would not notice."""
+        ``close``: an idle pod's engine thread waits for work and would not notice.
+        ``in_flight``: batches handed over at a time, 1 or ``BUFFERS``."""
+        if not 1 <= in_flight <= BUFFERS:
+            raise ValueError(f"batches in flight must be 1 to {BUFFERS}, got {in_flight}")
+        self._most_in_flight = in_flight
         context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA
-        self._shared: Any = context.RawArray(ctypes.c_float, spec.batch_size * slots.FRAME_SIZE)
-        self._rows = _rows(self._shared, spec.batch_size)
+        shared = [context.RawArray(ctypes.c_float, spec.batch_size * slots.FRAME_SIZE)
+                  for _ in range(BUFFERS)]
+        self._rows = [_rows(buffer, spec.batch_size) for buffer in shared]
+        self._in_flight: collections.deque[_Submitted] = collections.deque()
+        self._submitted = 0  # batches so far: batch k uses buffer k % BUFFERS
+        self._last_back = 0.0  # when the last output came back
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(
             target=_child_main,
-            args=(spec, warmup_steps, child_conn, self._shared,
+            args=(spec, warmup_steps, child_conn, shared,
                   logging.getLogger().getEffectiveLevel()),
             name="asrpool-engine", daemon=True)
         self._process.start()
@@ -140,25 +155,56 @@ class ChildRunner:
         assert isinstance(answer, engine_loop.Ready), answer
         return answer
 
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted whose output has not been collected."""
+        return len(self._in_flight)
+
+    @property
+    def full(self) -> bool:
+        """Whether a batch must be collected before the next is submitted."""
+        return len(self._in_flight) >= self._most_in_flight
+
     def run(self, batch: slots.Batch) -> engine_loop.StepOutput:
+        """One batch, start to end (nothing else in flight)."""
+        self.submit(batch)
+        return self.collect()
+
+    def submit(self, batch: slots.Batch) -> None:
+        """Hand a batch over: the child steps it after those in flight (at most
+        ``BUFFERS`` at a time: collect one first)."""
+        assert not self.full, "collect before submitting more"
         started = time.monotonic()
+        buffer = self._submitted % BUFFERS
+        rows = self._rows[buffer]
         for slot, frame in batch.frames.items():
-            self._rows[slot] = frame
+            rows[slot] = frame
         # The child needs the resets, restarts and markers and which rows hold frames;
         # what the output only carries through (generations, what stays buffered) and
         # the frames' arrivals stay here.
         work = dataclasses.replace(batch, generations={}, frames={}, arrivals={}, buffered={})
         try:
-            self._conn.send((work, list(batch.frames)))
+            self._conn.send((work, list(batch.frames), buffer))
         except OSError:
             raise self._gone() from None
+        self._submitted += 1
+        self._in_flight.append(_Submitted(batch, started))
+
+    def collect(self) -> engine_loop.StepOutput:
+        """The output of the oldest batch in flight, once the child has stepped it."""
+        submitted = self._in_flight.popleft()
         output = self._receive()
         assert isinstance(output, engine_loop.StepOutput), output
         done = time.monotonic()  # the lag of a frame includes its way back
+        # The child started this batch once it was here and the one before was done:
+        # the hand-over is the rest, what the overlap did not hide.
+        began = max(submitted.started, self._last_back)
+        self._last_back = done
+        batch = submitted.batch
         return dataclasses.replace(
             output, generations=batch.generations, buffered=batch.buffered,
             lags={slot: done - arrival for slot, arrival in batch.arrivals.items()},
-            handover=max(0.0, done - started - output.duration))
+            handover=max(0.0, done - began - output.duration))
 
     def close(self, timeout: float = STOP_TIMEOUT) -> None:
         self._closing = True
@@ -192,6 +238,12 @@ class ChildRunner:
                                 "without an answer")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Submitted:
+    batch: slots.Batch
+    started: float  # when its hand-over began
+
+
 def _rows(shared: Any, batch_size: int) -> NDArray[np.float32]:
     rows: NDArray[np.float32] = np.frombuffer(shared, dtype=np.float32).reshape(
         batch_size, slots.FRAME_SIZE)
@@ -199,7 +251,7 @@ def _rows(shared: Any, batch_size: int) -> NDArray[np.float32]:
 
 
 def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection,
-                shared: Any, log_level: int) -> None:
+                shared: list[Any], log_level: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure(log_level)  # a spawned child starts with logging as Python leaves it
@@ -214,7 +266,7 @@ def _child_main(spec: EngineSpec, warmup_steps: int, conn: connection.Connection
         engine_loop.warm_up(engine, warmup_steps)
         conn.send(engine_loop.Ready.of(engine))
         stage = "run a step"
-        _serve(engine, conn, _rows(shared, spec.batch_size))
+        _serve(engine, conn, [_rows(buffer, spec.batch_size) for buffer in shared])
     except BaseException as exc:
         _last_word(conn, _Failed.now(stage, exc))
     finally:
@@ -227,7 +279,7 @@ def _last_word(conn: connection.Connection, failed: _Failed) -> None:
 
 
 def _serve(engine: stepping.Engine, conn: connection.Connection,
-           rows: NDArray[np.float32]) -> None:
+           rows: list[NDArray[np.float32]]) -> None:
     while True:
         try:
             message = conn.recv()
@@ -235,6 +287,6 @@ def _serve(engine: stepping.Engine, conn: connection.Connection,
             return
         if message is None:
             return
-        batch, frame_slots = message
-        frames = {slot: rows[slot] for slot in frame_slots}
+        batch, frame_slots, buffer = message
+        frames = {slot: rows[buffer][slot] for slot in frame_slots}
         conn.send(engine_loop.run_batch(engine, dataclasses.replace(batch, frames=frames)))

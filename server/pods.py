@@ -128,7 +128,8 @@ class Pod:
         if self.settings.engine_process:
             return enginechild.ChildRunner(
                 enginechild.EngineSpec.of(self.settings), self.settings.warmup_steps,
-                on_exit=lambda exc: loop.call_soon_threadsafe(self._on_failure, exc))
+                on_exit=lambda exc: loop.call_soon_threadsafe(self._on_failure, exc),
+                in_flight=self.settings.engine_batches_in_flight)
         return engine_loop.InProcess(self.deps.engine_factory, self.settings.warmup_steps)
 
     def begin_drain(self) -> bool:

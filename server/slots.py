@@ -312,6 +312,14 @@ class SlotBuffers:
                 return None
             return self._take_locked()
 
+    def take_now(self) -> Batch | None:
+        """The work there is now, without waiting; None when there is none, or once
+        closed (engine thread only)."""
+        with self._lock:
+            if self._stopped or not any(state.ready for state in self._slots):
+                return None
+            return self._take_locked()
+
     def _take_locked(self) -> Batch:
         generations: dict[int, int] = {}
         resets: list[int] = []

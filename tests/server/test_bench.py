@@ -109,3 +109,30 @@ def test_bench_gil_refuses_a_loop_busy_all_the_time_and_no_switch_interval(
         gil.main(["--switch-ms", "5,0"])
     assert exit_info.value.code == 2
     assert "--switch-ms: each interval must be in (0, 1000] ms, got 5,0" in capsys.readouterr().err
+
+
+H200 = Path(__file__).resolve().parents[2] / "bench/results/capacity-stt-1b-en_fr-cuda.json"
+
+
+def test_bench_server_drives_a_paced_pod_with_raw_clients(tmp_path: Path) -> None:
+    """A paced stand-in of the H200's stt-1b-en_fr, in an engine process, driven by the
+    raw clients: every frame of every admitted stream is timed to its Step, and the
+    stream the pod has no slot for is counted as refused."""
+    assert bench_server.main(["--paced-engine", str(H200), "--batch-size", "4",
+                              "--clients", "5", "--seconds", "1", "--client-processes", "2",
+                              "--engine-process", "--out", str(tmp_path)]) == 0
+    result = json.loads(
+        (tmp_path / "server-stt-1b-en_fr-cpu-b4-paced-process.json").read_text())
+    assert result["paced_engine"] == str(H200) and result["raw_clients"]
+    assert result["model"] == "stt-1b-en_fr"
+    (only,) = result["rounds"]
+    assert only["refused"] == 1 and only["frames"] == 4 * 12
+    assert only["p50_latency_s"] > 0 and only["pod_cpu_cores"]["child_processes"] > 0
+
+
+def test_bench_server_refuses_a_bad_paced_engine_file_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "capacity.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit) as exited:
+        bench_server.main(["--paced-engine", str(bad), "--out", str(tmp_path)])
+    assert str(exited.value) == f"asrpool bench server: paced engine file {bad}: names no model"

@@ -52,6 +52,30 @@ def test_a_child_runs_batches_exactly_as_the_engine_thread() -> None:
     assert not processes.alive(child.pid or 0)  # closed: the child has exited
 
 
+def test_a_batch_handed_over_while_the_child_steps_the_last_gives_the_same_results() -> None:
+    """Two batches in flight at a time, each in its own rows (submit N+1, then collect
+    N): the same outputs, in order, as one batch at a time, though the rows of N+1 are
+    written while the child reads those of N."""
+    alone = _run(engine_loop.InProcess(lambda: enginechild.build_engine(SPEC)), 30)
+    child = enginechild.ChildRunner(SPEC, warmup_steps=2)
+    outputs = []
+    try:
+        child.ready()
+        for batch in _batches(30):
+            if child.full:
+                outputs.append(child.collect())
+            child.submit(batch)
+            assert child.in_flight <= enginechild.BUFFERS
+        while child.in_flight:
+            outputs.append(child.collect())
+    finally:
+        child.close()
+    assert [o.events for o in outputs] == [o.events for o in alone]
+    assert [(o.generations, o.buffered) for o in outputs] == [
+        (o.generations, o.buffered) for o in alone]
+    assert all(o.handover >= 0 for o in outputs)
+
+
 def test_a_child_that_cannot_load_raises_the_models_own_error(tmp_path: Path) -> None:
     spec = enginechild.EngineSpec(str(tmp_path / "no-such-checkpoint"), batch_size=1)
     runner = enginechild.ChildRunner(spec, warmup_steps=0)
