@@ -9,11 +9,15 @@ slot's buffer (:class:`slots.SlotBuffers` is thread-safe).
 
 Nothing is decoded past a slot's room: each message carries the room the slot had when
 it was sent, the child decodes while that room lasts and holds the rest, still encoded,
-and after each engine step the pod reports the room again for every stream with a
-message not wholly decoded (:meth:`OpusLanes.after_step`). A message counts as received
-but not yet in (:meth:`slots.SlotBuffers.hand_off`) until its child says it is wholly
-decoded, so "every result of the audio received" holds; and a stream stops being read
-while :data:`MAX_BYTES_IN_FLIGHT` of its bytes wait in its child (:meth:`Lane.full`). A
+and says so (``HELD``, with how much it has decoded). The pod reports the room again
+(``ROOM``) once it lets that stream decode more: looked at after every engine step
+(:meth:`OpusLanes.after_step`) and when the word comes, so the child hears of the room
+however late the event loop runs a step's callback (the engine does not wait for it).
+Every record to a child is sent from the event loop, so records keep the order of the
+room they carry. A message counts as received but not yet in
+(:meth:`slots.SlotBuffers.hand_off`) until its child says it is wholly decoded, so
+"every result of the audio received" holds; and a stream stops being read while
+:data:`MAX_BYTES_IN_FLIGHT` of its bytes wait in its child (:meth:`Lane.full`). A
 stream's markers and ``Init`` go through its lane too, so they land after the audio sent
 before them. Bytes the child cannot frame or decode end their stream (``bad_audio``),
 through ``on_failure`` on the event loop; a child that dies ends the streams of its lane
@@ -41,7 +45,7 @@ from asrpool.server import opusworker, slots
 logger = logging.getLogger(__name__)
 
 Failure = Callable[[int, int, str], None]  # slot, generation, reason
-Wake = Callable[[int, int], None]  # slot, generation: its messages settled
+Wake = Callable[[int, int], None]  # slot, generation: its messages settled, or room due
 MAX_BYTES_IN_FLIGHT = 1 << 20  # a stream's bytes in its child before it is read no more
 _MARKER_ID = struct.Struct("<q")
 _PIPE_BYTES = 1 << 20  # each pipe's kernel buffer: a step's answers in a few reads
@@ -52,14 +56,15 @@ class Lane:
     """One decoding child with its writer and reader threads."""
 
     def __init__(self, index: int, buffers: slots.SlotBuffers, cap: int, report: Failure,
-                 on_lost: Callable[[int], None], wake: Wake) -> None:
+                 on_lost: Callable[[int], None], wake: Wake, room_due: Wake) -> None:
         self.index = index
         self.lost = False  # the child is gone (set by its threads)
         self._buffers = buffers
         self._cap = cap  # a slot's buffer, in samples
-        self._report = report  # these three are called from the reader thread
+        self._report = report  # these four are called from the reader thread
         self._on_lost = on_lost
         self._wake = wake
+        self._room_due = room_due  # a held stream's room lets it go on already
         self._outbox = bytearray()  # records not yet written to the child
         self._outbox_lock = threading.Lock()
         self._doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung: outbox filled
@@ -176,8 +181,8 @@ class Lane:
         self._lost()
 
     def _apply(self, records: list[opusworker.Record]) -> None:
-        """One read's answers, in order: audio in one go until a marker, an Init or a
-        failure, which land after it."""
+        """One read's answers, in order: audio in one go until a marker, an Init, a
+        failure or a hold, which land after it."""
         decoded: list[slots.Decoded] = []
         for kind, slot, generation, payload in records:
             if kind == opusworker.PCM:
@@ -194,7 +199,16 @@ class Lane:
             elif kind == opusworker.FAILED:
                 self._forget(slot, generation)
                 self._report(slot, generation, payload.decode(errors="replace"))
+            elif kind == opusworker.HELD:
+                self._held(slot, generation, opusworker.DECODED.unpack(payload)[0])
         self._push(decoded)
+
+    def _held(self, slot: int, generation: int, decoded: int) -> None:
+        """The child holds the stream's pages for want of room: the next step's look
+        reports room once it lets the child go on, or, where it does already (the engine
+        took audio since the room the child heard of), the event loop does now."""
+        if self._buffers.hold(slot, generation, decoded, self._cap):
+            self._room_due(slot, generation)
 
     def _push(self, decoded: list[slots.Decoded]) -> None:
         if decoded:
@@ -233,7 +247,9 @@ class OpusLanes:
                  loop: asyncio.AbstractEventLoop, on_failure: Failure,
                  on_settled: Wake | None = None) -> None:
         self._buffers = buffers
-        self._cap = cap  # a slot's buffer, in samples
+        # A slot's buffer, in samples: a frame at least, or a child could hold pages
+        # while the slot has room but less than the frame the engine would take.
+        self._cap = max(cap, slots.FRAME_SIZE)
         self._loop = loop
         self._on_failure = on_failure
         self._on_settled = on_settled
@@ -241,12 +257,17 @@ class OpusLanes:
         self._closed = False
 
     def _start(self, index: int) -> Lane:
-        return Lane(index, self._buffers, self._cap, self._report, self._lost, self._settled)
+        return Lane(index, self._buffers, self._cap, self._report, self._lost, self._settled,
+                    self._room_due)
 
     def after_step(self) -> None:
-        """The engine took audio: every stream whose child may hold pages for want of
-        room (a message not wholly in, half its buffer full or more) hears its room."""
-        for slot, generation in self._buffers.unsettled(self._cap // 2):
+        """The engine took audio: every stream whose child holds pages for want of room,
+        and whose room now lets it decode more, hears of that room (the buffer's level is
+        no guide: the engine may have taken it under any mark before this runs)."""
+        self._send_rooms(self._buffers.rooms_due(self._cap))
+
+    def _send_rooms(self, due: list[tuple[int, int]]) -> None:
+        for slot, generation in due:
             self.lane(slot).send_room(slot, generation)
 
     def pids(self) -> list[int]:
@@ -281,6 +302,15 @@ class OpusLanes:
         if self._on_settled is not None:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._on_settled, slot, generation)
+
+    def _room_due(self, slot: int, generation: int) -> None:
+        """From a reader thread: a held stream may go on now. Its room is sent from the
+        event loop, as every record is, if still due (a step's look may have sent it)."""
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._send_room_if_due, slot)
+
+    def _send_room_if_due(self, slot: int) -> None:
+        self._send_rooms(self._buffers.rooms_due(self._cap, (slot,)))
 
     def _lost(self, index: int) -> None:
         """From a reader thread: its lane starts a new child on the event loop."""

@@ -12,6 +12,10 @@ ways are :data:`HEADER` (kind, slot, generation, length) then ``length`` bytes:
   applied of this stream), then the message's bytes (any piece of the Ogg stream);
 - ``ROOM`` in: :data:`ROOM_FIELDS` alone, the pod's word that the engine took audio or
   that it waits on the stream: the child answers with all it has decoded;
+- ``HELD`` out: :data:`DECODED` (the samples decoded for the stream so far), after the
+  audio: the stream's pages wait for room, and the pod sends ``ROOM`` once the room it
+  has lets the child decode past that (said when a hold starts, and again after each
+  answer that decoded pages before it held);
 - ``PCM`` out: :data:`SETTLED` (how many ``DATA`` messages are now wholly decoded)
   then float32 samples (native order). A stream's audio is sent once it makes a whole
   frame (the engine steps nothing less), or sooner when a marker, an ``Init``, a
@@ -24,11 +28,12 @@ ways are :data:`HEADER` (kind, slot, generation, length) then ``length`` bytes:
 
 Decoded audio is bounded while decoding: a page is decoded only while the stream has
 credit, the room the pod last reported less what was decoded since and not yet applied
-(:class:`Credit`); the rest waits here, still encoded, for the next ``ROOM``. A page
-holds at most 255 packets of 120 ms, so one page past the room is the most a stream
-can overshoot. A record of a new generation on a slot starts a new stream there, so the
-child holds one stream per slot it serves. It reads whatever has come, decodes what it
-may, and answers in one write; it exits at the end of its input.
+(:class:`Credit`); the rest waits here, still encoded, for the next ``ROOM``, and the
+child says so (``HELD``, with everything it decoded sent first). A page holds at most
+255 packets of 120 ms, so one page past the room is the most a stream can overshoot.
+A record of a new generation on a slot starts a new stream there, so the child holds
+one stream per slot it serves. It reads whatever has come, decodes what it may, and
+answers in one write; it exits at the end of its input.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ HEADER = struct.Struct("<BIII")  # kind, slot, generation, payload length
 ROOM_FIELDS = struct.Struct("<qq")  # room in samples, samples applied by the pod
 DATA_HEAD = struct.Struct("<BIIIqq")  # HEADER then ROOM_FIELDS: a DATA record's start
 SETTLED = struct.Struct("<I")
-DATA, PCM, FAILED, MARKER, INIT, ROOM = range(6)
+DECODED = struct.Struct("<q")  # a HELD record's payload
+DATA, PCM, FAILED, MARKER, INIT, ROOM, HELD = range(7)
 _READ = 1 << 20
 _SETTLE = -1  # in a stream's queue: one DATA message is wholly decoded once here
 _NONE = np.zeros(0, dtype=np.float32)
@@ -99,6 +105,7 @@ class Stream:
         self._pcm: list[NDArray[np.float32]] = []  # decoded, not yet sent
         self._samples = 0  # in _pcm
         self._settled = 0
+        self._holding = False  # the last pump stopped for want of room (and said so)
 
     def take(self, data: bytes) -> None:
         """A message's bytes: its whole pages wait, weighed, then its settle. Bytes that
@@ -129,16 +136,18 @@ class Stream:
     def pump(self, slot: int, everything: bool = False) -> bytes:
         """Decode what the credit allows, in order; the records that answer it (a
         failure last, after the audio decoded before it). Audio short of a frame waits
-        for more, unless ``everything``."""
-        out = []
+        for more, unless ``everything`` or pages wait for room (:meth:`_hold`)."""
+        out: list[bytes] = []
+        decoded = False  # a page, in this pump
         try:
             while self._waiting:
                 kind, declared, payload = self._waiting[0]
                 if kind == DATA and self.credit.left <= 0:
-                    break  # held, still encoded, until the pod reports room
+                    return b"".join([*out, self._hold(slot, decoded)])
                 self._waiting.popleft()
                 if kind == DATA:
                     self._decode(payload, declared)
+                    decoded = True
                 elif kind == _SETTLE:
                     self._settled += 1
                 elif kind == FAILED:
@@ -149,7 +158,21 @@ class Stream:
         except protocol.ProtocolError as exc:
             self.failed = True
             return b"".join([*out, self._flush(slot, True), self.failure(slot, str(exc))])
+        self._holding = False
         return b"".join([*out, self._flush(slot, everything)])
+
+    def _hold(self, slot: int, decoded: bool) -> bytes:
+        """Pages wait, still encoded, for room: all that is decoded goes now (no more comes
+        before the pod takes some), then ``HELD`` with how much that makes, the pod's cue
+        to report room once it lets this stream decode more. Said when a hold starts and
+        after a pump that decoded pages; a record that changes nothing (a message or a
+        ROOM with no more room) is answered with nothing new."""
+        answer = self._flush(slot, True)
+        if self._holding and not decoded:
+            return answer
+        self._holding = True
+        return answer + record(HELD, slot, self.generation,
+                               DECODED.pack(self.credit.decoded))
 
     def failure(self, slot: int, reason: str) -> bytes:
         self.failed = True

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import threading
 import time
+from collections.abc import Iterable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +43,7 @@ class _SlotInput:
         default_factory=collections.deque)  # sizes of messages being decoded elsewhere
     bytes_handed_off: int = 0
     watched: bool = False  # the event loop waits to hear of hand-offs settled
+    held: int | None = None  # its decoder holds pages, having decoded this many samples
     received: int = 0  # samples received since the stream (generation) began
     frames_taken: int = 0  # frames handed to the engine since the stream began
     markers: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (id, frame no.)
@@ -56,6 +58,7 @@ class _SlotInput:
         self.handed_off.clear()
         self.bytes_handed_off = 0
         self.watched = False
+        self.held = None
         self.markers.clear()
         self.inits.clear()
         self.arrivals.clear()
@@ -84,6 +87,12 @@ class _SlotInput:
         while self.arrivals and self.arrivals[0][0] < end:
             self.arrivals.popleft()
         return self.arrivals[0][1] if self.arrivals else time.monotonic()
+
+    def lets_decode(self, decoded: int, cap: int) -> bool:
+        """Whether the room the slot would report now (``cap`` less what is buffered) is
+        more than what its decoder, having decoded ``decoded`` samples, has sent that is
+        not received yet: its credit, once told, would be over 0."""
+        return cap - self.samples > decoded - self.received
 
     def take_inits(self) -> int:
         """How many Inits are due now (every frame received before them is taken)."""
@@ -183,6 +192,7 @@ class SlotBuffers:
             if state is not None:
                 state.handed_off.clear()
                 state.bytes_handed_off = 0
+                state.held = None
 
     def watch(self, slot: int, generation: int) -> None:
         """:meth:`push_audio` says when it next settles one of the stream's hand-offs."""
@@ -196,12 +206,35 @@ class SlotBuffers:
             state = self._stream_of(slot, generation)
             return 0 if state is None else state.bytes_handed_off
 
-    def unsettled(self, buffered: int = 0) -> list[tuple[int, int]]:
-        """(slot, generation) of every stream with a hand-off not settled and at least
-        ``buffered`` samples buffered."""
+    def unsettled(self) -> list[tuple[int, int]]:
+        """(slot, generation) of every stream with a hand-off not settled."""
         with self._lock:
             return [(slot, state.generation) for slot, state in enumerate(self._slots)
-                    if state.handed_off and state.samples >= buffered]
+                    if state.handed_off]
+
+    def hold(self, slot: int, generation: int, decoded: int, cap: int) -> bool:
+        """The stream's decoder holds its pages for want of room, having decoded
+        ``decoded`` samples; whether the slot's room, with its buffer capped at ``cap``,
+        already lets it decode more (:meth:`rooms_due` would list it)."""
+        with self._lock:
+            state = self._stream_of(slot, generation)
+            if state is None:
+                return False
+            state.held = decoded
+            return state.lets_decode(decoded, cap)
+
+    def rooms_due(self, cap: int, among: Iterable[int] | None = None) -> list[tuple[int, int]]:
+        """(slot, generation) of every stream (of the slots ``among``, or any) whose
+        decoder holds pages for want of room and whose room now lets it decode more.
+        Each hold is listed once: a decoder that holds again says so again."""
+        with self._lock:
+            due = []
+            for slot in range(len(self._slots)) if among is None else among:
+                state = self._slots[slot]
+                if state.held is not None and state.lets_decode(state.held, cap):
+                    state.held = None
+                    due.append((slot, state.generation))
+            return due
 
     def push_audio(self, slot: int, pcm: NDArray[np.float32]) -> None:
         """Audio for the slot's stream."""
