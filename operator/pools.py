@@ -26,6 +26,9 @@ DEFAULT_DRAIN_GRACE_SECONDS = 60
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 MAX_OPUS_WORKERS = 64  # as the server's --opus-workers
+# A pool that names no opusWorkers gets a lane per core of its CPU request beyond these
+# (the event loop's and the engine's), and one at the least: Opus leaves the event loop.
+CORES_BESIDE_OPUS_LANES = 2
 DEFAULT_DTYPE = dtypes.AUTO  # the server's policy: bfloat16 on CUDA, float32 on the CPU
 
 
@@ -182,6 +185,9 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         disruption_budget=_disruption_budget(spec.section("disruptionBudget")),
         **_resources(spec.section("resources")),
     )
+    if spec.get("opusWorkers") is None:
+        cores = _cores(spec.section("resources"), pool.cpu)
+        pool = dataclasses.replace(pool, opus_workers=lanes_for_cpu(cores))
     check(pool)
     return pool
 
@@ -194,6 +200,8 @@ def _model(spec: specs.Section) -> sources.ModelSource:
 
 
 def _opus_workers(spec: specs.Section) -> int:
+    """The pool's ``opusWorkers`` (where it names none, ``from_body`` derives them from
+    the pod's CPU request: :func:`lanes_for_cpu`)."""
     workers = spec.integer("opusWorkers")
     if workers > MAX_OPUS_WORKERS:
         raise spec.error("opusWorkers", f"must be at most {MAX_OPUS_WORKERS}, got {workers}")
@@ -339,6 +347,25 @@ def _resources(resources: specs.Section) -> dict[str, Any]:
         "cpu": _quantity(resources, "cpu"),
         "memory": _quantity(resources, "memory"),
     }
+
+
+def lanes_for_cpu(cores: float | None) -> int:
+    """Opus lanes for a pod of ``cores`` CPU cores requested (None: no request)."""
+    if cores is None:
+        return 1
+    return max(1, min(MAX_OPUS_WORKERS, math.floor(cores) - CORES_BESIDE_OPUS_LANES))
+
+
+def _cores(resources: specs.Section, cpu: str) -> float | None:
+    if not cpu:
+        return None
+    from kubernetes.utils import quantity  # the client loads only where a pool asks for it
+
+    try:
+        return float(quantity.parse_quantity(cpu))
+    except ValueError:
+        raise resources.error("cpu", f"must be a CPU quantity like '4' or '1500m', got "
+                                     f"{cpu!r}") from None
 
 
 def _secret(auth: specs.Section, field: str, default_key: str) -> SecretKey | None:

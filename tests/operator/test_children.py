@@ -77,13 +77,27 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
         "ASRPOOL_BATCH_SIZE": "8", "ASRPOOL_CONTEXT": "750", "ASRPOOL_DEVICE": "cuda",
         "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
         "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_ANNOUNCE_POOL": "true",
-        "ASRPOOL_DRAIN_GRACE_SECONDS": "60", "ASRPOOL_OPUS_WORKERS": "0",
+        "ASRPOOL_DRAIN_GRACE_SECONDS": "60", "ASRPOOL_OPUS_WORKERS": "1",
         "ASRPOOL_ENGINE_PROCESS": "false"}
 
 
 def test_opus_workers_reach_the_server() -> None:
     config_map = children.build_config_map(pool(opusWorkers=4), CONFIG)
     assert config_map["data"]["ASRPOOL_OPUS_WORKERS"] == "4"
+
+
+@pytest.mark.parametrize(("resources", "lanes"), [
+    ({}, "1"), ({"cpu": "1500m"}, "1"), ({"cpu": 3}, "1"), ({"cpu": "6"}, "4"),
+    ({"cpu": "6.9"}, "4"), ({"cpu": "200"}, "64")])
+def test_a_pool_naming_no_opus_workers_gets_lanes_from_its_cpu_request(
+        resources: dict[str, Any], lanes: str) -> None:
+    config_map = children.build_config_map(pool(resources=resources), CONFIG)
+    assert config_map["data"]["ASRPOOL_OPUS_WORKERS"] == lanes
+
+
+def test_a_pool_may_still_decode_opus_on_the_event_loop() -> None:
+    config_map = children.build_config_map(pool(opusWorkers=0, resources={"cpu": "8"}), CONFIG)
+    assert config_map["data"]["ASRPOOL_OPUS_WORKERS"] == "0"
 
 
 def test_an_engine_process_reaches_the_server() -> None:

@@ -129,7 +129,7 @@ def test_the_operator_uses_the_crd_defaults() -> None:
     assert _defaults(spec) == {
         "slotsPerPod": given.slots_per_pod, "context": given.context,
         "imagePullPolicy": given.image_pull_policy, "drainGracePeriodSeconds":
-        given.drain_grace_seconds, "opusWorkers": given.opus_workers, "resources": {},
+        given.drain_grace_seconds, "resources": {},
         "engineProcess": given.engine_process,
         "dtype": given.dtype,
         "automountServiceAccountToken": given.template.automount_token}
