@@ -159,7 +159,7 @@ class EngineLoop:
         last's output comes back after: a step's hand-over overlaps the one before. It
         waits for work only with nothing in flight, so a lone frame is stepped at once."""
         while True:
-            batch = self._buffers.take_now() if runner.in_flight else self._buffers.take()
+            batch = self._buffers.take(wait=not runner.in_flight)
             if batch is not None:
                 runner.submit(batch)
             if not runner.in_flight:

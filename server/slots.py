@@ -336,22 +336,18 @@ class SlotBuffers:
         with self._lock:
             return any(state.ready for state in self._slots)
 
-    def take(self, timeout: float = 0.5) -> Batch | None:
-        """Block until some slot has work; None once closed (engine thread only)."""
+    def take(self, timeout: float = 0.5, wait: bool = True) -> Batch | None:
+        """The work some slot has, once it has some (``wait``), or now; None once closed,
+        or when there is none and not ``wait`` (engine thread only)."""
         with self._lock:
-            while not self._stopped and not any(state.ready for state in self._slots):
+            while wait and not self._stopped and not self._has_work():
                 self._cond.wait(timeout)
-            if self._stopped:
+            if self._stopped or not self._has_work():
                 return None
             return self._take_locked()
 
-    def take_now(self) -> Batch | None:
-        """The work there is now, without waiting; None when there is none, or once
-        closed (engine thread only)."""
-        with self._lock:
-            if self._stopped or not any(state.ready for state in self._slots):
-                return None
-            return self._take_locked()
+    def _has_work(self) -> bool:
+        return any(state.ready for state in self._slots)
 
     def _take_locked(self) -> Batch:
         generations: dict[int, int] = {}
