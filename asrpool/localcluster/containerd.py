@@ -13,6 +13,7 @@ import dataclasses
 import re
 import subprocess
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import IO
 
@@ -141,10 +142,12 @@ def import_archive(paths: Paths, archive: Path) -> set[str]:
     return set(IMPORTED.findall(said))
 
 
-def import_layout(paths: Paths, layout: Path) -> set[str]:
+def import_layout(paths: Paths, layout: Path, leave_out: Collection[str] = ()) -> set[str]:
     """An OCI layout folder's images, imported from the archive of it that tar streams to
-    ``ctr`` (none is written); the names it holds."""
-    entries = sorted(entry.name for entry in layout.iterdir())
+    ``ctr`` (none is written), without the files ``leave_out`` names (blobs of layers
+    unpacked already); the names it holds."""
+    entries = sorted(str(path.relative_to(layout)) for path in layout.rglob("*")
+                     if path.is_file() and str(path.relative_to(layout)) not in leave_out)
     with tempfile.TemporaryFile() as problems:
         with subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", *entries],
                               stdout=subprocess.PIPE, stderr=problems) as tar:
@@ -154,6 +157,20 @@ def import_layout(paths: Paths, layout: Path) -> set[str]:
             raise processes.StartError(
                 f"tar of {layout}: {problems.read().decode(errors='replace').strip()}")
     return set(IMPORTED.findall(said))
+
+
+def rename(paths: Paths, name: str, to: str) -> None:
+    """The image ``name`` takes the name ``to`` (from the image that had it) and loses
+    its own."""
+    ctr(paths, "images", "tag", "--force", name, to)
+    ctr(paths, "images", "rm", name)
+
+
+def snapshots(paths: Paths, snapshotter: str = "overlayfs") -> set[str]:
+    """The names of the committed snapshots: the chain IDs of the layers unpacked."""
+    said = ctr(paths, "snapshots", "--snapshotter", snapshotter, "ls")
+    return {line.split()[0] for line in said.splitlines()[1:]
+            if line.split() and line.split()[-1] == "Committed"}
 
 
 def keep_only(paths: Paths, names: set[str]) -> None:

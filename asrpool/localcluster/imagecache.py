@@ -9,10 +9,12 @@ every node of every later cluster with the same set starts from a copy of that s
 The copy hard-links the content blobs and unpacked layers
 (which containerd never writes again) and copies only the bolt databases, so it takes
 a moment whatever the images weigh. A changed image changes its digest, so a new seed:
-it starts as such a copy of the newest seed, so the import writes and unpacks only the
-layers that changed (the server image's torch layer stays), and then drops the images
-the set no longer has. Older seeds beyond the newest few are removed, and so is a seed
-half built (by a build that failed, at once; by one that was killed, by the next build).
+it starts as such a copy of the seed that holds most of the set's images by name (the
+newest among equals: not a later seed of fewer images, which another test's cluster
+made), so the import writes and unpacks only the layers that changed (the server
+image's torch layer stays), and then drops the images the set no longer has. Older
+seeds beyond the newest few are removed, and so is a seed half built (by a build that
+failed, at once; by one that was killed, by the next build).
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ def to_import(cache: Path, images: Sequence[Image]) -> tuple[list[Image], bool]:
     what it holds (made before it did) is taken to hold them all."""
     if (cache / key(images) / "root").is_dir():
         return [], False
-    newest = _newest(cache)
-    if newest is None:
+    base = _base(cache, images)
+    if base is None:
         return list(images), True
-    held = _identities(newest, default={image.identity for image in images})
+    held = _identities(base, default={image.identity for image in images})
     return [image for image in images if image.identity not in held], False
 
 
@@ -78,7 +80,7 @@ def ensure(cache: Path, images: Sequence[Image], build: Callable[[Path], None]) 
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
         try:
-            previous = _newest(cache)
+            previous = _base(cache, images)
             if previous is not None:  # its unchanged layers are kept, not imported again
                 copy(previous / "root", building / "root")
             build(building)
@@ -116,9 +118,23 @@ def _seeds(cache: Path) -> list[Path]:
     return sorted(seeds, key=lambda path: path.stat().st_mtime, reverse=True)
 
 
-def _newest(cache: Path) -> Path | None:
+def _base(cache: Path, images: Sequence[Image]) -> Path | None:
+    """The seed a new one for ``images`` starts from: the one that holds most of them by
+    name (a stored image's name stays when it is rebuilt), the newest among equals."""
     seeds = _seeds(cache) if cache.is_dir() else []
-    return seeds[0] if seeds else None
+    if not seeds:
+        return None
+    wanted = {_name(image.identity) for image in images}
+
+    def held(seed: Path) -> int:
+        return len(wanted & {_name(i) for i in _identities(seed, default=set())})
+
+    return max(seeds, key=held)  # max keeps the first (newest) of equals
+
+
+def _name(identity: str) -> str:
+    """A stored image's name without its ID (an archive's identity is its digest)."""
+    return identity.rpartition("@")[0] or identity
 
 
 def _remove_abandoned(cache: Path) -> None:

@@ -8,6 +8,14 @@ seed is a stored image copied out, by ``skopeo``, into an OCI layout folder that
 containerd reads as the archive it would be and that is removed at once: no archive of
 the server's gigabytes is kept, and none is written, which would first cost skopeo a
 temporary copy of the same size.
+
+Only its changed layers are copied: a layer the seed has unpacked already (its chain
+ID's snapshot is there) stands in the folder as a sparse file of its size, which skopeo
+takes for the blob it would write, and which is left out of what containerd reads
+(containerd unpacks no layer whose snapshot exists, so never asks for its blob). The
+layers go uncompressed (``tar``, as podman stores them: their digests are the chain's
+diff IDs), so a rebuilt server image costs its last few megabytes, not gigabytes
+compressed and read again.
 """
 
 from __future__ import annotations
@@ -15,15 +23,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import re
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from asrpool.common import processes
 
+BLOBS_ROOT = "blobs"
+BLOBS = f"{BLOBS_ROOT}/sha256"
+UNCOMPRESSED = frozenset({"application/vnd.oci.image.layer.v1.tar",
+                          "application/vnd.docker.image.rootfs.diff.tar"})
 INSPECT_TIMEOUT = 120.0  # podman waits for its store's lock while an image builds
 COPY_TIMEOUT = 1800.0
 
@@ -50,20 +64,85 @@ def resolve(sources: Sequence[str]) -> list[Image]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """An OCI layout folder, the name its image has there, and the blobs in it that
+    stand for layers already unpacked (sparse files: never to be read)."""
+
+    folder: Path
+    name: str
+    stand_ins: frozenset[str]  # paths relative to the folder
+
+
+def importing_name(name: str) -> str:
+    """The name an image is imported under before it takes its own: until the new image
+    is unpacked (its snapshots referenced), the old one holds the layers it stands in
+    for, which containerd's collector would otherwise be free to remove."""
+    return f"localhost/asrpool-importing/{re.sub(r'[^a-z0-9._-]+', '-', name.lower())}:latest"
+
+
 @contextlib.contextmanager
-def layout(image: Image, scratch: Path) -> Iterator[Path]:
-    """A stored image as an OCI layout folder under ``scratch``, removed afterwards."""
+def layout(image: Image, scratch: Path, unpacked: Collection[str] = ()) -> Iterator[Layout]:
+    """A stored image as an OCI layout folder under ``scratch``, removed afterwards; its
+    layers whose chain IDs are ``unpacked`` are stand-ins, not copied."""
     folder = scratch / re.sub(r"[^A-Za-z0-9_.-]+", "_", image.name)
     shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    (folder / BLOBS).mkdir(parents=True)
     try:
-        result = _run(["skopeo", "copy", "--quiet", f"containers-storage:{image.name}",
-                       f"oci:{folder}:{image.name}"], COPY_TIMEOUT)
+        stand_ins = frozenset(_stand_in(folder, layer)
+                              for layer in _unpacked_layers(image, unpacked))
+        name = importing_name(image.name) if stand_ins else image.name
+        result = _run(["skopeo", "copy", "--quiet", "--dest-oci-accept-uncompressed-layers",
+                       f"containers-storage:{image.name}", f"oci:{folder}:{name}"],
+                      COPY_TIMEOUT)
         if result.returncode != 0:
             raise processes.StartError(f"image {image.name}: {result.stderr.strip()}")
-        yield folder
+        yield Layout(folder, name, stand_ins)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def chain_ids(diff_ids: Sequence[str]) -> list[str]:
+    """The OCI chain ID of each layer: a snapshot's name in containerd."""
+    chain: list[str] = []
+    for diff_id in diff_ids:
+        if not chain:
+            chain.append(diff_id)
+            continue
+        joined = f"{chain[-1]} {diff_id}".encode()
+        chain.append(f"sha256:{hashlib.sha256(joined).hexdigest()}")
+    return chain
+
+
+def _unpacked_layers(image: Image, unpacked: Collection[str]) -> list[dict[str, Any]]:
+    """The image's layers, as its stored manifest lists them, whose snapshots exist:
+    uncompressed ones only (their digests are their diff IDs)."""
+    if not unpacked:
+        return []
+    result = _run(["skopeo", "inspect", "--raw", f"containers-storage:{image.name}"],
+                  INSPECT_TIMEOUT)
+    if result.returncode != 0:
+        raise processes.StartError(f"image {image.name}: {result.stderr.strip()}")
+    layers: list[dict[str, Any]] = json.loads(result.stdout).get("layers", [])
+    found = []
+    for layer, chain_id in zip(layers, chain_ids([layer["digest"] for layer in layers]),
+                               strict=True):
+        if layer.get("mediaType") not in UNCOMPRESSED:
+            break  # a compressed digest is no diff ID: the chain cannot be told
+        if chain_id in unpacked:
+            found.append(layer)
+    return found
+
+
+def _stand_in(folder: Path, layer: Mapping[str, Any]) -> str:
+    """A sparse file of the layer's size where its blob would be written."""
+    algorithm, _, digest = str(layer["digest"]).partition(":")
+    relative = f"{BLOBS_ROOT}/{algorithm}/{digest}"
+    path = folder / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as blob:
+        blob.truncate(int(layer["size"]))
+    return relative
 
 
 def archive_digest(archive: Path) -> str:

@@ -201,7 +201,8 @@ class RealNode:
 
     def fill_seed(self, wanted: Sequence[images.Image]) -> Callable[[Path], None]:
         """What imports ``wanted`` into a seed root under a folder, in this node (a
-        stored image goes through an OCI layout folder there, removed once imported)."""
+        stored image goes through an OCI layout folder there, removed once imported,
+        which holds only the layers the seed has not unpacked yet)."""
         def fill(directory: Path) -> None:
             assert self.holder is not None
             paths = containerd.Paths(directory, self.holder.process.pid, "seed")
@@ -212,8 +213,13 @@ class RealNode:
                     if not image.stored:
                         names |= containerd.import_archive(paths, Path(image.name))
                         continue
-                    with images.layout(image, directory / "export") as layout:
-                        names |= containerd.import_layout(paths, layout)
+                    with images.layout(image, directory / "export",
+                                       containerd.snapshots(paths)) as layout:
+                        names |= containerd.import_layout(paths, layout.folder,
+                                                          layout.stand_ins)
+                    if layout.name != image.name:
+                        containerd.rename(paths, layout.name, image.name)
+                        names = names - {layout.name} | {image.name}
                 containerd.keep_only(paths, names)  # a previous seed's other images
             finally:
                 child.stop(STOP_TIMEOUT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -44,6 +45,34 @@ def test_a_seed_imports_what_the_newest_seed_does_not_hold(tmp_path: Path) -> No
     (seed.parent / imagecache.IDENTITIES).unlink()  # a seed made before seeds said
     assert imagecache.to_import(cache, archives) == ([], False)
     assert images.size(archives[0]) == 1000
+
+
+def test_a_new_seed_starts_from_the_one_holding_most_of_its_images_by_name(
+        tmp_path: Path) -> None:
+    cache = tmp_path / "seeds"
+    cache.mkdir()
+    server, pause = (images.Image(name, f"{name}@1", stored=True) for name in ("server", "pause"))
+    full = imagecache.ensure(cache, [server, pause], lambda folder: (folder / "root").mkdir())
+    (full / "marker").write_text("server and pause")
+    imagecache.ensure(cache, [pause],  # newer, of fewer images
+                      lambda folder: (folder / "root" / "marker").unlink())
+    rebuilt = images.Image("server", "server@2", stored=True)
+    assert imagecache.to_import(cache, [rebuilt, pause]) == ([rebuilt], False)
+    seed = imagecache.ensure(cache, [rebuilt, pause], lambda folder: None)
+    assert (seed / "marker").read_text() == "server and pause"  # a copy of the full seed
+
+
+def test_chain_ids_follow_the_oci_image_spec() -> None:
+    diff_ids = [f"sha256:{c * 64}" for c in "abc"]
+    chain = images.chain_ids(diff_ids)
+
+    def digest(text: str) -> str:
+        return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+    assert chain[0] == diff_ids[0]
+    assert chain[1] == digest(f"{diff_ids[0]} {diff_ids[1]}")
+    assert chain[2] == digest(f"{chain[1]} {diff_ids[2]}")
+    assert images.chain_ids([]) == []
 
 
 def test_a_seed_half_built_is_removed_whether_its_build_failed_or_was_killed(
