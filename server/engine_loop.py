@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from asrpool.common import protocol
 from asrpool.server import events as events_mod
 from asrpool.server import slots
 
@@ -37,16 +38,21 @@ EngineFactory = Callable[[], "stepping.Engine"]
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
-    """One batch's results, delivered on the event loop."""
+    """One batch's results, delivered on the event loop: each stream's messages already
+    encoded where the step ran (the engine thread, or the engine process), so that the
+    event loop only queues bytes."""
 
     generations: dict[int, int]
-    events: dict[int, list[events_mod.Event]]
+    messages: dict[int, list[bytes]]  # slot -> its protocol messages, in order
+    markers: dict[int, int]  # slot -> how many of its messages are Markers
     buffered: dict[int, int]
     lags: dict[int, float]  # slot -> seconds from its frame's arrival to its output
     duration: float  # seconds spent in the model step (0 when no step ran)
     # With the engine in a child process: the rest of the step's time, the batch handed
     # over and its results back (0 in the engine thread).
     handover: float = 0.0
+    # The events themselves, in the engine thread only (a child sends the messages alone).
+    events: dict[int, list[events_mod.Event]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,13 +197,35 @@ def run_batch(engine: stepping.Engine, batch: slots.Batch) -> StepOutput:
         engine.add_marker(slot, marker_id, frames_pending)
     readies = _readies(batch.restarts)
     if not batch.frames:
-        return StepOutput(batch.generations, readies, batch.buffered, {}, 0.0)
+        return _output(batch, readies, {}, 0.0)
     started = time.monotonic()
     result = engine.step(batch.frames)
     done = time.monotonic()
     lags = {slot: done - arrival for slot, arrival in batch.arrivals.items()}
-    return StepOutput(batch.generations, _before(readies, result.events), batch.buffered, lags,
-                      done - started)
+    return _output(batch, _before(readies, result.events), lags, done - started)
+
+
+def _output(batch: slots.Batch, said: dict[int, list[events_mod.Event]],
+            lags: dict[int, float], duration: float) -> StepOutput:
+    messages, markers = encode(said, batch.buffered)
+    return StepOutput(batch.generations, messages, markers, batch.buffered, lags, duration,
+                      events=said)
+
+
+def encode(said: dict[int, list[events_mod.Event]], buffered: dict[int, int]
+           ) -> tuple[dict[int, list[bytes]], dict[int, int]]:
+    """Each slot's events as protocol messages (a Step says what stays buffered), and how
+    many of them are Markers."""
+    messages: dict[int, list[bytes]] = {}
+    markers: dict[int, int] = {}
+    for slot, slot_events in said.items():
+        pcm = buffered.get(slot, 0)
+        messages[slot] = [protocol.encode(events_mod.to_message(event, pcm))
+                          for event in slot_events]
+        done = sum(isinstance(event, events_mod.Marker) for event in slot_events)
+        if done:
+            markers[slot] = done
+    return messages, markers
 
 
 def _readies(restarts: list[int]) -> dict[int, list[events_mod.Event]]:

@@ -176,13 +176,12 @@ class ChildRunner:
         assert not self.full, "collect before submitting more"
         started = time.monotonic()
         buffer = self._submitted % BUFFERS
-        rows = self._rows[buffer]
-        for slot, frame in batch.frames.items():
-            rows[slot] = frame
-        # The child needs the resets, restarts and markers and which rows hold frames;
-        # what the output only carries through (generations, what stays buffered) and
-        # the frames' arrivals stay here.
-        work = dataclasses.replace(batch, generations={}, frames={}, arrivals={}, buffered={})
+        if batch.frames:  # in one call: no switch of the GIL in the middle of it
+            self._rows[buffer][list(batch.frames)] = np.stack(list(batch.frames.values()))
+        # The child needs the resets, restarts and markers, which rows hold frames, and
+        # what stays buffered (its Steps say so); what the output only carries through
+        # (generations) and the frames' arrivals stay here.
+        work = dataclasses.replace(batch, generations={}, frames={}, arrivals={})
         try:
             self._conn.send((work, list(batch.frames), buffer))
         except OSError:
@@ -289,4 +288,5 @@ def _serve(engine: stepping.Engine, conn: connection.Connection,
             return
         batch, frame_slots, buffer = message
         frames = {slot: rows[buffer][slot] for slot in frame_slots}
-        conn.send(engine_loop.run_batch(engine, dataclasses.replace(batch, frames=frames)))
+        output = engine_loop.run_batch(engine, dataclasses.replace(batch, frames=frames))
+        conn.send(dataclasses.replace(output, events={}))  # the messages say it all

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 
 from asrpool.common import protocol
-from asrpool.server import engine_loop, events, inputs, outcomes, slots
+from asrpool.server import engine_loop, inputs, outcomes, slots
 
 HISTORY = 512  # sent messages kept per stream, to replay what a dropped connection lost
 
@@ -47,6 +47,10 @@ class Stream:
 
     def post(self, message: bytes) -> None:
         self.outbox.append(message)
+        self.has_output.set()
+
+    def post_all(self, messages: list[bytes]) -> None:
+        self.outbox.extend(messages)
         self.has_output.set()
 
     def mark_sent(self) -> None:
@@ -205,11 +209,10 @@ class Sessions:
             if stream is None or stream.generation != generation:
                 continue
             stream.frames_done += slot in output.lags  # a slot has a lag when it stepped
-            for event in output.events.get(slot, ()):
-                if isinstance(event, events.Marker):
-                    stream.markers_waiting -= 1
-                message = events.to_message(event, output.buffered.get(slot, 0))
-                stream.post(protocol.encode(message))
+            stream.markers_waiting -= output.markers.get(slot, 0)
+            messages = output.messages.get(slot)
+            if messages:
+                stream.post_all(messages)
             stream.room.set()
             if len(stream.outbox) > self._max_pending:
                 self._overflow(stream)

@@ -44,7 +44,7 @@ def test_a_child_runs_batches_exactly_as_the_engine_thread() -> None:
     alone = _run(engine_loop.InProcess(lambda: enginechild.build_engine(SPEC)), 30)
     child = enginechild.ChildRunner(SPEC, warmup_steps=2)
     beside = _run(child, 30)
-    assert [o.events for o in beside] == [o.events for o in alone]
+    assert [(o.messages, o.markers) for o in beside] == [(o.messages, o.markers) for o in alone]
     assert [sorted(o.lags) for o in beside] == [sorted(o.lags) for o in alone]
     assert [(o.generations, o.buffered) for o in beside] == [
         (o.generations, o.buffered) for o in alone]
@@ -70,7 +70,8 @@ def test_a_batch_handed_over_while_the_child_steps_the_last_gives_the_same_resul
             outputs.append(child.collect())
     finally:
         child.close()
-    assert [o.events for o in outputs] == [o.events for o in alone]
+    assert [(o.messages, o.markers) for o in outputs] == [
+        (o.messages, o.markers) for o in alone]
     assert [(o.generations, o.buffered) for o in outputs] == [
         (o.generations, o.buffered) for o in alone]
     assert all(o.handover >= 0 for o in outputs)
