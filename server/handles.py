@@ -129,6 +129,16 @@ class Handle:
     def push_audio(self, pcm: NDArray[np.float32]) -> None:
         self._buffers.push_audio(self._stream.slot, pcm)
 
+    def push_audio_now(self, message: protocol.AudioMessage) -> bool:
+        """Take an ``Audio`` message at once if the stream sends PCM and its slot has
+        room (what :meth:`room` then :meth:`push` would do); False, taking nothing,
+        otherwise."""
+        stream = self._stream
+        if stream.input.kind == "OggOpus" or self.buffered() >= self._cap:
+            return False
+        self.push_audio(stream.input.pcm(message))
+        return True
+
     def restart(self) -> None:
         lane = self._lane_of_opus()
         if lane is not None:
@@ -184,6 +194,11 @@ class Handle:
 
     def sent(self) -> None:
         self._stream.mark_sent()
+
+    def write_through(self, send: Callable[[list[bytes]], bool] | None) -> None:
+        """From now on (None: no more), results with nothing queued before them are
+        sent at once by ``send`` (False when it cannot send now: they are queued)."""
+        self._stream.direct = send
 
     def take_pending(self) -> list[bytes]:
         pending = list(self._stream.outbox)

@@ -45,11 +45,16 @@ class Stream:
     history: collections.deque[bytes] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=HISTORY))
 
-    def post(self, message: bytes) -> None:
-        self.outbox.append(message)
-        self.has_output.set()
+    # The attached connection's writer, when it can send at once (``Handle.write_through``).
+    direct: Callable[[list[bytes]], bool] | None = None
 
     def post_all(self, messages: list[bytes]) -> None:
+        """Queue the messages for the writer task, or, with nothing queued before them,
+        send them at once through the connection's own protocol (no task woken)."""
+        if not self.outbox and self.direct is not None and self.direct(messages):
+            self.history.extend(messages)
+            self.sent += len(messages)
+            return
         self.outbox.extend(messages)
         self.has_output.set()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette import responses, websockets
@@ -156,22 +157,54 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
                 handle: handles.Handle) -> outcomes.Outcome:
     idle = idleness.IdleWatch(pod.settings.idle_timeout_seconds,
                               lambda: handle.buffered() >= protocol.FRAME_SIZE)
+    budget = budgets.MessageBudget(pod.settings.max_messages_per_second,
+                                   pod.settings.message_burst)
+    connection = framing.connection_of(ws.scope)
+    if connection is not None:
+        connection.fast_reader = _fast_reader(pod, handle, idle, budget)
     try:
-        return await _read_messages(ws, pod, handle, idle)
+        return await _read_messages(ws, pod, handle, idle, budget)
     except asyncio.CancelledError:
         if idle.expired():
             return outcomes.Failed(f"no message for {idle.seconds:g} s",
                                    protocol.ErrorCode.IDLE_TIMEOUT, protocol.CloseCode.NORMAL)
         raise
     finally:
+        if connection is not None:
+            connection.fast_reader = None
         idle.close()
 
 
+def _fast_reader(pod: pods.Pod, handle: handles.Handle, idle: idleness.IdleWatch,
+                 budget: budgets.MessageBudget) -> Callable[[bytes], bool]:
+    """Takes a binary message in the protocol's own callback, as the reader would, when
+    that is all there is to it: the reader waits with nothing queued before it, the
+    message is good ``Audio`` within budget, and the slot has room. No ASGI event is
+    made and no task woken. Anything else (another kind, a fault, a full slot) is left
+    to the reader, which decodes it again and answers as ever."""
+    max_bytes = pod.settings.max_message_bytes
+
+    def take(data: bytes) -> bool:
+        if not idle.waiting:
+            return False
+        try:
+            decoded = protocol.decode_client(data, max_bytes)
+        except protocol.ProtocolError:
+            return False
+        if decoded["type"] != "Audio" or not budget.spend(len(decoded["pcm"])):
+            return False
+        if not handle.push_audio_now(decoded):
+            return False
+        idle.active()
+        return True
+
+    return take
+
+
 async def _read_messages(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
-                         idle: idleness.IdleWatch) -> outcomes.Outcome:
+                         idle: idleness.IdleWatch,
+                         budget: budgets.MessageBudget) -> outcomes.Outcome:
     """Until the client leaves or errs; ``idle`` cancels it when the client goes idle."""
-    budget = budgets.MessageBudget(pod.settings.max_messages_per_second,
-                                   pod.settings.message_burst)
     while True:
         await handle.room()
         try:
@@ -193,6 +226,7 @@ async def _read_messages(ws: websockets.WebSocket, pod: pods.Pod, handle: handle
             decoded = protocol.decode_client(data, pod.settings.max_message_bytes)
             if not budget.spend(budgets.samples_of(decoded)):
                 return _over_budget(pod)
+            await handle.room()  # the fast reader may have filled it while this one waited
             await handle.push(decoded)
             idle.active()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
@@ -236,6 +270,12 @@ def _disconnected(code: int) -> outcomes.Outcome:
 
 async def _write(ws: websockets.WebSocket, handle: handles.Handle) -> None:
     await ws.send_bytes(protocol.ready())
-    while True:
-        await ws.send_bytes(await handle.next_output())
-        handle.sent()
+    connection = framing.connection_of(ws.scope)
+    if connection is not None:  # results are sent as the step's callback posts them
+        handle.write_through(connection.send_now)
+    try:
+        while True:  # what could not be sent at once (the client reads slowly), in order
+            await ws.send_bytes(await handle.next_output())
+            handle.sent()
+    finally:
+        handle.write_through(None)

@@ -201,6 +201,9 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
     send_timeout_seconds: float | None = None  # set by limits.uvicorn_options
     stall_timer: asyncio.TimerHandle | None = None
     send_timed_out = False
+    # Takes a whole binary message in the protocol's callback (True), or leaves it to be
+    # queued for the app's receive (False): set by the app while its reader waits.
+    fast_reader: Callable[[bytes], bool] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -279,6 +282,31 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
             # ERROR for every refused client.
             self.handshake_complete = True
 
+    def send_receive_event_to_app(self) -> None:
+        """A whole message: to the app's ``fast_reader`` first, if it has one and nothing
+        is queued before the message (then no event is made and reading goes on)."""
+        take = self.fast_reader
+        if (take is not None and self.curr_msg_data_type == "bytes" and not self.close_sent
+                and self.queue.empty()):
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            if take(data):
+                self.frames = []
+                return
+        super().send_receive_event_to_app()
+
+    def send_now(self, messages: list[bytes]) -> bool:
+        """Send binary messages at once, in one write, if the connection is open and its
+        transport takes more now (not paused: else False, and the app's ``send`` waits
+        as ever)."""
+        if (not self.handshake_complete or self.close_sent or self.disconnected
+                or self.initial_response is not None or not self.writable.is_set()
+                or self.conn.state is not ws_protocol.OPEN or self.transport.is_closing()):
+            return False
+        for message in messages:
+            self.conn.send_binary(message)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
+
     def handle_cont(self, event: frames.Frame) -> None:
         if event.fin and protocol.decode_router_refusal(event.data) is not None:
             # A router refused this fragmented message after passing its first fragments
@@ -324,7 +352,7 @@ def bound_unsent(transport: asyncio.Transport) -> None:
 
 def send_timed_out(scope: Any) -> bool:
     """Whether the connection of this ASGI scope was aborted by the send deadline."""
-    connection = _protocol(scope)
+    connection = connection_of(scope)
     return connection is not None and connection.send_timed_out
 
 
@@ -333,12 +361,12 @@ def close_received(scope: Any) -> int | None:
     without a code), or None if it sent none. uvicorn closes the connection as soon as
     it parses that frame, which may be before the app has read the messages ahead of it
     (while it holds them back), so a failed send can follow a clean close."""
-    connection = _protocol(scope)
+    connection = connection_of(scope)
     close = connection.conn.close_rcvd if connection is not None else None
     return None if close is None else int(close.code)
 
 
-def _protocol(scope: Any) -> WebSocketProtocol | None:
+def connection_of(scope: Any) -> WebSocketProtocol | None:
     """The protocol of this ASGI scope's connection (put there at its upgrade)."""
     handover = scope.get("extensions", {}).get(HANDOVER)
     return cast(WebSocketProtocol, handover["protocol"]) if handover else None

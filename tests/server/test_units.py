@@ -56,7 +56,7 @@ def test_stop_drops_buffered_audio_and_start_bumps_the_generation() -> None:
 def test_replay_requeues_what_the_client_never_got() -> None:
     stream = sessions.Stream(slot=0, generation=1)
     for n in range(5):
-        stream.post(bytes([n]))
+        stream.post_all([bytes([n])])
     for _ in range(4):
         stream.mark_sent()  # 0..3 written to the socket; 4 still queued
     assert stream.replay_from(received=2) == 2  # the client saw 0 and 1 only
@@ -67,12 +67,36 @@ def test_replay_requeues_what_the_client_never_got() -> None:
 def test_replay_when_the_client_got_more_than_counted() -> None:
     stream = sessions.Stream(slot=0, generation=1)
     for n in range(3):
-        stream.post(bytes([n]))
+        stream.post_all([bytes([n])])
     stream.mark_sent()
     # The writer was cancelled after writing message 1 but before counting it.
     assert stream.replay_from(received=2) == 0
     assert list(stream.outbox) == [b"\x02"]
     assert stream.sent == 2
+
+
+def test_results_are_sent_at_once_only_with_nothing_queued_before_them() -> None:
+    stream = sessions.Stream(slot=0, generation=1)
+    wire: list[bytes] = []
+    can_send = [False]
+
+    def send(messages: list[bytes]) -> bool:
+        if can_send[0]:
+            wire.extend(messages)
+        return can_send[0]
+
+    stream.direct = send
+    stream.post_all([b"a", b"b"])  # the transport takes nothing now: queued
+    can_send[0] = True
+    stream.post_all([b"c"])  # behind a and b, still queued: never ahead of them
+    assert wire == [] and list(stream.outbox) == [b"a", b"b", b"c"]
+    for _ in range(3):
+        stream.mark_sent()  # the writer task sends them
+    stream.post_all([b"d", b"e"])
+    assert wire == [b"d", b"e"] and not stream.outbox
+    assert stream.sent == 5 and list(stream.history) == [b"a", b"b", b"c", b"d", b"e"]
+    assert stream.replay_from(received=3) == 2  # what was sent at once replays as well
+    assert list(stream.outbox) == [b"d", b"e"]
 
 
 def test_restart_comes_after_the_audio_before_it_and_keeps_markers_and_generation() -> None:
