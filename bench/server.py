@@ -44,7 +44,7 @@ import numpy as np
 from websockets.asyncio import client as ws_client
 from websockets.exceptions import InvalidStatus
 
-from asrpool.bench import reports, rtclients
+from asrpool.bench import hostwork, reports, rtclients
 from asrpool.common import processes, protocol
 
 SAMPLE_RATE = protocol.SAMPLE_RATE
@@ -88,6 +88,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "they need a model with extra heads (a Step per frame)")
     parser.add_argument("--max-p99", type=float, default=0.5,
                         help="p99 latency (s) under which N counts as real time")
+    parser.add_argument("--before", default=None, metavar="REF",
+                        help="also run the pod of this git commit (a worktree of it), a "
+                             "round of it before each round of this tree's: both in one "
+                             "JSON (rounds_before), side by side (file -vs-REF)")
     parser.add_argument("--out", default="bench/results")
     return parser.parse_args(argv)
 
@@ -97,21 +101,38 @@ def main(argv: list[str]) -> int:
     if args.paced_engine is not None:
         args.model, args.raw_clients = _paced_model(args.paced_engine), True
     counts = [int(n) for n in args.clients.split(",")]
-    server = _Server(args, _out_path(args, ".log"))
-    rss = _RssSampler(server.pid)
-    try:
+    with contextlib.ExitStack() as stack:
+        earlier = None
+        if args.before is not None:
+            tree = stack.enter_context(hostwork.package_tree(args.before))
+            earlier = _Server(args, _out_path(args, "-before.log"), python_path=tree)
+            stack.callback(earlier.stop)
+            earlier.wait_ready()
+        server = _Server(args, _out_path(args, ".log"))
+        stack.callback(server.stop)
+        rss = _RssSampler(server.pid)
         ready_s = server.wait_ready()
         rss.start()
-        rows = [_run_round(server, n, args) for n in counts]
-    finally:
-        rss.stop()
-        server.stop()
+        stack.callback(rss.stop)
+        rows, rows_before = [], []
+        for n in counts:  # the two pods' rounds of n alternate: the machine's moods hit both
+            if earlier is not None:
+                rows_before.append(_run_round(earlier, n, args))
+            rows.append(_run_round(server, n, args))
     result = _result(args, rows, rss.samples, ready_s)
+    if args.before is not None:
+        result |= {"before": args.before, "rounds_before": rows_before,
+                   "p99_after_over_before": [_ratio(a["p99_latency_s"], b["p99_latency_s"])
+                                             for a, b in zip(rows, rows_before, strict=True)]}
     path = _out_path(args, ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     _print_summary(result, path)
     return 0
+
+
+def _ratio(after: float | None, before: float | None) -> float | None:
+    return round(after / before, 3) if after is not None and before else None
 
 
 def _paced_model(path: str) -> str:
@@ -134,6 +155,8 @@ def _out_path(args: argparse.Namespace, suffix: str) -> Path:
         mode += f"-gil{args.gil_switch_ms:g}ms"
     if args.batches_in_flight is not None:
         mode += f"-inflight{args.batches_in_flight}"
+    if args.before is not None:
+        mode += f"-vs-{args.before}"
     return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
 
 
@@ -344,7 +367,11 @@ def _histogram_quantile(before: dict[str, float], after: dict[str, float], name:
 
 
 class _Server:
-    def __init__(self, args: argparse.Namespace, log: Path) -> None:
+    """``asrpool serve`` of this tree, or of another one (``python_path``: a
+    :func:`hostwork.package_tree` of an earlier commit)."""
+
+    def __init__(self, args: argparse.Namespace, log: Path,
+                 python_path: Path | None = None) -> None:
         self.port = processes.free_port()
         command = [sys.executable, "-m", "asrpool.cli", "serve", *_engine_args(args),
                    "--batch-size", str(args.batch_size),
@@ -365,7 +392,9 @@ class _Server:
         log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()
         try:
-            self.child = processes.spawn("asrpool serve", command, log)
+            env = None if python_path is None else dict(
+                os.environ, PYTHONPATH=str(python_path), PYTHONSAFEPATH="1")
+            self.child = processes.spawn("asrpool serve", command, log, env=env)
         except processes.StartError as exc:
             raise SystemExit(str(exc)) from exc
         self.pid = self.child.process.pid
