@@ -30,6 +30,17 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
     assert first["loop_us_per_frame"] > 0
 
 
+def test_bench_server_runs_an_earlier_commits_pod_beside_this_ones(tmp_path: Path) -> None:
+    assert bench_server.main(["--model", "tiny", "--batch-size", "1", "--clients", "1",
+                              "--seconds", "1", "--torch-threads", "1", "--before", "HEAD",
+                              "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server-tiny-cpu-b1-vs-HEAD.json").read_text())
+    (after,), (before,) = result["rounds"], result["rounds_before"]
+    assert after["frames"] == before["frames"] == 12
+    assert result["before"] == "HEAD" and len(result["p99_after_over_before"]) == 1
+    assert (tmp_path / "server-tiny-cpu-b1-vs-HEAD-before.log").exists()  # its own log
+
+
 def test_bench_server_spreads_clients_over_processes_and_sets_the_pods_gil_switch(
         tmp_path: Path) -> None:
     assert bench_server.main(["--model", "tiny", "--batch-size", "2", "--clients", "2",
