@@ -49,10 +49,23 @@ def _checked(raw: Any, source: str) -> Capacity:
 
 
 def newest(model: str | None, folder: Path = RESULTS) -> Capacity | None:
-    """The newest readable result in ``folder`` (of ``model`` when given), or None."""
-    found = [read(path) for path in sorted(folder.glob(PATTERN), key=_mtime, reverse=True)]
-    matching = [c for c in found if model is None or c.model == model]
-    return matching[0] if matching else None
+    """The newest result in ``folder`` (of ``model`` when given), or None. Results of
+    other models are not checked: a CPU run that found no real-time stream (0) says
+    nothing about the model asked for, and must not stop the plan."""
+    for path in sorted(folder.glob(PATTERN), key=_mtime, reverse=True):
+        if model is None or _model_of(path) == model:
+            return read(path)
+    return None
+
+
+def _model_of(path: Path) -> object:
+    """The model a result names, or None where it names none or is no JSON object (then
+    it is checked, and refused, only if no model was asked for)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return raw.get("model") if isinstance(raw, dict) else None
 
 
 def _mtime(path: Path) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from asrpool import cli
+from asrpool.plan import capacities, scenarios
 
 BASE = ["--peak-streams", "100", "--slots-per-pod", "8", "--pods", "2", "--hours", "1"]
 
@@ -113,6 +115,21 @@ def test_capacity_from_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixt
                      "--capacity-from", str(path), "--json", str(out)]) == 0
     run = json.loads(out.read_text())["runs"][0]
     assert run["settings"]["slots_per_pod"] == 48
+
+
+def test_the_newest_result_of_the_model_asked_for_is_found_past_others_that_found_none(
+        tmp_path: Path) -> None:
+    """A CPU run that found no real-time stream (0) is another model's business."""
+    older = tmp_path / "capacity-stt-1b-cuda.json"
+    older.write_text(json.dumps({"streams_per_gpu": 768, "model": "stt-1b-en_fr"}))
+    newer = tmp_path / "capacity-small-cpu.json"
+    newer.write_text(json.dumps({"streams_per_gpu": 0, "model": "small"}))
+    os.utime(older, (1, 1))
+    found = capacities.newest("stt-1b-en_fr", tmp_path)
+    assert found is not None and found.streams_per_gpu == 768
+    with pytest.raises(scenarios.PlanError, match="streams_per_gpu must be an integer"):
+        capacities.newest(None, tmp_path)  # the newest of all is read, and refused
+    assert capacities.newest("stt-2.6b-en", tmp_path) is None
 
 
 def test_help_and_errors_need_no_torch() -> None:
