@@ -199,7 +199,7 @@ def run_batch(engine: stepping.Engine, batch: slots.Batch) -> StepOutput:
     if not batch.frames:
         return _output(batch, readies, {}, 0.0)
     started = time.monotonic()
-    result = engine.step(batch.frames)
+    result = engine.step(batch.frames, checked=True)  # every sample was checked coming in
     done = time.monotonic()
     lags = {slot: done - arrival for slot, arrival in batch.arrivals.items()}
     return _output(batch, _before(readies, result.events), lags, done - started)

@@ -183,9 +183,10 @@ class PacedEngine(stepping.Engine):
         self._codes = np.zeros((batch_size, 0), dtype=np.int64)  # no audio codes
 
     def step(self, frames: Mapping[int, NDArray[np.float32]],
-             masked_audio: NDArray[np.floating[Any]] | None = None) -> stepping.StepResult:
+             masked_audio: NDArray[np.floating[Any]] | None = None,
+             checked: bool = False) -> stepping.StepResult:
         started = time.monotonic()
-        result = super().step(frames, masked_audio)
+        result = super().step(frames, masked_audio, checked)
         if frames:
             _sleep_until(started + self._seconds)
         return result

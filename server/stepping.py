@@ -41,11 +41,24 @@ class EngineInputError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """What one batched step produced: events per slot, and the raw tokens (for tests)."""
+    """What one batched step produced: events per slot, and the raw tokens of its rows
+    (read by tests and benches only: made into dicts when asked for, never in a pod's
+    step)."""
 
     events: dict[int, list[ev.Event]]
-    text_tokens: dict[int, int]
-    audio_codes: dict[int, list[int]]
+    slots: list[int] = dataclasses.field(default_factory=list)
+    tokens: NDArray[np.int64] | None = None  # every row's text token
+    codes: NDArray[np.int64] | None = None  # every row's audio codes
+
+    @property
+    def text_tokens(self) -> dict[int, int]:
+        tokens = self.tokens
+        return {} if tokens is None else {slot: int(tokens[slot]) for slot in self.slots}
+
+    @property
+    def audio_codes(self) -> dict[int, list[int]]:
+        codes = self.codes
+        return {} if codes is None else {slot: codes[slot].tolist() for slot in self.slots}
 
 
 class Engine(abc.ABC):
@@ -107,28 +120,32 @@ class Engine(abc.ABC):
         self.decoders[slot].add_marker(marker_id, frames_pending)
 
     def step(self, frames: Mapping[int, NDArray[np.float32]],
-             masked_audio: NDArray[np.floating[Any]] | None = None) -> StepResult:
+             masked_audio: NDArray[np.floating[Any]] | None = None,
+             checked: bool = False) -> StepResult:
         """Run one batched step over the slots in ``frames`` (slot -> 1920 samples).
 
         ``masked_audio`` is what the rows of the other slots carry (zeros by default);
-        it must not change any result, and the tests check that.
+        it must not change any result, and the tests check that. ``checked``: the caller
+        has checked every sample already (a pod's intake does, as each message comes),
+        so only the frames' shapes are looked at here.
         """
-        self._load_frames(frames, masked_audio)
+        self._load_frames(frames, masked_audio, checked)
         if not frames:
-            return StepResult({}, {}, {})
+            return StepResult({})
         slots = sorted(frames)
         text_tokens, prs, codes = self._forward(slots)
         self.steps_run += 1
         return self._decode(slots, text_tokens, prs, codes)
 
     def _load_frames(self, frames: Mapping[int, NDArray[np.float32]],
-                     masked_audio: NDArray[np.floating[Any]] | None) -> None:
+                     masked_audio: NDArray[np.floating[Any]] | None, checked: bool) -> None:
+        check = check_shape if checked else check_frame
         for slot, frame in frames.items():
             self._check_slot(slot)
-            check_frame(frame)
+            check(frame)
         self._pcm[:] = 0.0 if masked_audio is None else masked_audio.reshape(self._pcm.shape)
-        for slot, frame in frames.items():
-            self._pcm[slot, 0] = frame
+        if frames:  # one copy of every row
+            self._pcm[list(frames), 0] = np.stack(list(frames.values()))
 
     def _decode(self, slots: list[int], text_tokens: NDArray[np.int64], prs: NDArray[np.float32],
                 codes: NDArray[np.int64]) -> StepResult:
@@ -140,11 +157,7 @@ class Engine(abc.ABC):
             if self.has_extra_heads:
                 slot_events.insert(0, ev.Step(decoder.step_idx, tuple(map(float, prs[slot]))))
             events[slot] = slot_events
-        return StepResult(
-            events=events,
-            text_tokens={slot: int(text_tokens[slot]) for slot in slots},
-            audio_codes={slot: codes[slot].tolist() for slot in slots},
-        )
+        return StepResult(events, slots, text_tokens, codes)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.batch_size:
@@ -152,9 +165,13 @@ class Engine(abc.ABC):
 
 
 def check_frame(frame: NDArray[np.float32]) -> None:
-    if not isinstance(frame, np.ndarray) or frame.shape != (FRAME_SIZE,):
-        shape = getattr(frame, "shape", type(frame).__name__)
-        raise EngineInputError(f"a frame must be {FRAME_SIZE} mono samples, got {shape}")
+    check_shape(frame)
     problem = protocol.sample_problem(frame)
     if problem is not None:
         raise EngineInputError(f"a frame {problem}")
+
+
+def check_shape(frame: NDArray[np.float32]) -> None:
+    if not isinstance(frame, np.ndarray) or frame.shape != (FRAME_SIZE,):
+        shape = getattr(frame, "shape", type(frame).__name__)
+        raise EngineInputError(f"a frame must be {FRAME_SIZE} mono samples, got {shape}")
