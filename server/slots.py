@@ -132,6 +132,7 @@ class SlotBuffers:
         # come per message); the engine waits on it through the condition.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._waiting = 0  # engine threads waiting on the condition (one, or none)
         self._stopped = False
 
     @property
@@ -145,7 +146,7 @@ class SlotBuffers:
             state.clear()
             state.active = True
             state.needs_reset = True
-            self._cond.notify()
+            self._wake()
             return state.generation
 
     def restart(self, slot: int, generation: int | None = None) -> None:
@@ -156,7 +157,7 @@ class SlotBuffers:
             if state is None:
                 return
             state.inits.append(state.frames_taken + state.samples // FRAME_SIZE)
-            self._cond.notify()
+            self._wake()
 
     def stop(self, slot: int) -> None:
         """The slot's stream is over: drop whatever it had buffered."""
@@ -243,7 +244,7 @@ class SlotBuffers:
             if len(pcm):
                 self._append(state, pcm, time.monotonic())
                 if state.samples >= FRAME_SIZE:
-                    self._cond.notify()
+                    self._wake()
 
     def push_decoded(self, decoded: list[Decoded]) -> list[tuple[int, int]]:
         """Audio decoded elsewhere for streams, in one go (an Opus lane's answers), each
@@ -261,7 +262,7 @@ class SlotBuffers:
                     woken.append((slot, generation))
                 if len(pcm):
                     self._append(state, pcm, now)
-            self._cond.notify()
+            self._wake()
         return woken
 
     @staticmethod
@@ -286,7 +287,7 @@ class SlotBuffers:
             if state is None:
                 return
             state.markers.append((marker_id, state.frames_taken + state.samples // FRAME_SIZE))
-            self._cond.notify()
+            self._wake()
 
     def buffered(self, slot: int) -> int:
         """Samples received and not yet taken by the engine."""
@@ -341,10 +342,20 @@ class SlotBuffers:
         or when there is none and not ``wait`` (engine thread only)."""
         with self._lock:
             while wait and not self._stopped and not self._has_work():
-                self._cond.wait(timeout)
+                self._waiting += 1
+                try:
+                    self._cond.wait(timeout)
+                finally:
+                    self._waiting -= 1
             if self._stopped or not self._has_work():
                 return None
             return self._take_locked()
+
+    def _wake(self) -> None:
+        """Wake the engine thread if it waits (the caller holds the lock): a notify
+        costs a message four times the lock itself, and a busy engine never waits."""
+        if self._waiting:
+            self._cond.notify()
 
     def _has_work(self) -> bool:
         return any(state.ready for state in self._slots)
