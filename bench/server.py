@@ -385,6 +385,8 @@ class _Server:
             command += ["--dtype", args.dtype]
         if args.engine_process:
             command.append("--engine-process")
+        elif python_path is None:  # this tree's pod would choose by its device (auto)
+            command.append("--no-engine-process")
         if args.gil_switch_ms is not None:
             command += ["--gil-switch-ms", str(args.gil_switch_ms)]
         if args.batches_in_flight is not None:

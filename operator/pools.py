@@ -188,6 +188,8 @@ def from_body(body: Mapping[str, Any]) -> Pool:
     if spec.get("opusWorkers") is None:
         cores = _cores(spec.section("resources"), pool.cpu)
         pool = dataclasses.replace(pool, opus_workers=lanes_for_cpu(cores))
+    if spec.get("engineProcess") is None:  # where it wins: beside a GPU's engine
+        pool = dataclasses.replace(pool, engine_process=pool.gpus > 0)
     check(pool)
     return pool
 

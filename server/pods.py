@@ -125,7 +125,7 @@ class Pod:
     def _open_runner(self, loop: asyncio.AbstractEventLoop) -> engine_loop.Runner:
         """The engine in its own process (``--engine-process``: the settings name the
         model) or in the engine thread (the model ``deps`` builds)."""
-        if self.settings.engine_process:
+        if self.settings.in_engine_process:
             return enginechild.ChildRunner(
                 enginechild.EngineSpec.of(self.settings), self.settings.warmup_steps,
                 on_exit=lambda exc: loop.call_soon_threadsafe(self._on_failure, exc),
@@ -261,7 +261,7 @@ class Pod:
         logger.info("ready: model %s, %d slots, streaming state %.1f MiB, the engine in %s, "
                     "GIL switch %g ms", _model_of(ready), self.sessions.total,
                     ready.state_nbytes / 2**20,
-                    "a child process" if self.settings.engine_process else "a thread",
+                    "a child process" if self.settings.in_engine_process else "a thread",
                     sys.getswitchinterval() * 1e3)
 
     def _on_failure(self, exc: BaseException) -> None:
@@ -277,7 +277,7 @@ class Pod:
         m = self.metrics
         if output.duration:
             m.model_step_duration.observe(output.duration)
-            if self.settings.engine_process:
+            if self.settings.in_engine_process:
                 m.engine_handover.observe(output.handover)
             m.batch_rows.observe(len(output.lags))
             m.audio_seconds.inc(len(output.lags) * protocol.FRAME_SIZE / protocol.SAMPLE_RATE)

@@ -116,9 +116,10 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         "(0: on the event loop)")
     # The engine beside the event loop, not under its GIL (server.enginechild): the first
     # H200 run's pod of 768 slots kept up with 256 clients in one process, not 512.
-    engine_process: bool = pydantic.Field(
-        default=False, description="run the model in a child process of its own (for "
-        "hundreds of streams per GPU; the pod's event loop then shares no GIL with it)")
+    engine_process: bool | None = pydantic.Field(
+        default=None, description="run the model in a child process of its own (for "
+        "hundreds of streams per GPU; the pod's event loop then shares no GIL with it); "
+        "unset, on where the device is a GPU or the engine a paced stand-in, off on a CPU")
     # With --engine-process, the next batch is handed over while the child steps the last
     # (server.enginechild): at 1,024 paced H200 slots, one at a time kept real time for 512
     # clients on two cores, two in flight for 768.
@@ -159,6 +160,15 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     def decode_limits(self) -> decoding.Limits:
         return decoding.Limits(self.max_upload_seconds, self.decode_memory_bytes,
                                self.decode_timeout_seconds)
+
+    @property
+    def in_engine_process(self) -> bool:
+        """``engine_process``, or where unset, where it wins: beside a GPU's engine (or
+        the paced stand-in of one), whose hundreds of streams the event loop must not
+        stall by holding the GIL; not on a CPU, whose engine wants the cores itself."""
+        if self.engine_process is not None:
+            return self.engine_process
+        return self.device.startswith("cuda") or self.paced_engine is not None
 
     @property
     def max_buffer_samples(self) -> int:

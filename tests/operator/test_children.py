@@ -78,7 +78,7 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
         "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
         "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_ANNOUNCE_POOL": "true",
         "ASRPOOL_DRAIN_GRACE_SECONDS": "60", "ASRPOOL_OPUS_WORKERS": "1",
-        "ASRPOOL_ENGINE_PROCESS": "false"}
+        "ASRPOOL_ENGINE_PROCESS": "true"}
 
 
 def test_opus_workers_reach_the_server() -> None:
@@ -103,6 +103,18 @@ def test_a_pool_may_still_decode_opus_on_the_event_loop() -> None:
 def test_an_engine_process_reaches_the_server() -> None:
     config_map = children.build_config_map(pool(engineProcess=True), CONFIG)
     assert config_map["data"]["ASRPOOL_ENGINE_PROCESS"] == "true"
+
+
+@pytest.mark.parametrize(("resources", "spec", "expected"), [
+    ({}, {}, "true"),  # a GPU (the default): the engine beside the event loop, not under it
+    ({"gpus": 0, "cpu": "4"}, {}, "false"),  # a CPU pool: the engine wants the cores
+    ({}, {"engineProcess": False}, "false"),  # as the pool says
+    ({"gpus": 0, "cpu": "4"}, {"engineProcess": True}, "true"),
+])
+def test_pools_with_gpus_run_their_engine_in_a_process_unless_they_say(
+        resources: dict[str, Any], spec: dict[str, Any], expected: str) -> None:
+    config_map = children.build_config_map(pool(resources=resources, **spec), CONFIG)
+    assert config_map["data"]["ASRPOOL_ENGINE_PROCESS"] == expected
 
 
 def test_pods_reach_redis_by_their_own_url_when_given() -> None:

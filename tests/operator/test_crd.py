@@ -130,7 +130,6 @@ def test_the_operator_uses_the_crd_defaults() -> None:
         "slotsPerPod": given.slots_per_pod, "context": given.context,
         "imagePullPolicy": given.image_pull_policy, "drainGracePeriodSeconds":
         given.drain_grace_seconds, "resources": {},
-        "engineProcess": given.engine_process,
         "dtype": given.dtype,
         "automountServiceAccountToken": given.template.automount_token}
     model = spec["properties"]["model"]["properties"]
@@ -148,6 +147,7 @@ def test_the_operator_uses_the_crd_defaults() -> None:
         "scaleUpStabilizationSeconds": given.autoscaling.scale_up_seconds,
         "scaleDownStabilizationSeconds": given.autoscaling.scale_down_seconds}
     assert given.autoscaling.min_slots == given.slots_per_pod  # no CRD default: one pod's
+    assert "default" not in spec["properties"]["engineProcess"]  # the operator's, by GPUs
 
 
 def test_behavior_left_out_is_the_hpas_default() -> None:

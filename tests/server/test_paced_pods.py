@@ -15,7 +15,7 @@ from tests.support import kyutai_client, servers
 H200 = Path(__file__).resolve().parents[2] / "bench/results/capacity-stt-1b-en_fr-cuda.json"
 FRAMES = 25  # before the marker: 2 s of audio
 DELAY = 6  # stt-1b-en_fr's asr_delay_in_tokens
-MODES = {"thread": [], "process": ["--engine-process"]}
+MODES = {"thread": ["--no-engine-process"], "process": []}  # a paced pod: a process unless told
 
 
 @pytest.mark.parametrize("mode", list(MODES))

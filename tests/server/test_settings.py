@@ -36,7 +36,19 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.max_message_bytes == 16 << 20  # moshi-server's frame limit
     assert config.resume_grace_seconds == 30 and config.idle_timeout_seconds == 120
     assert (config.ping_interval_seconds, config.ping_timeout_seconds) == (10, 10)
-    assert config.gil_switch_ms == 0.2 and not config.engine_process
+    assert config.gil_switch_ms == 0.2 and config.engine_process is None
+    assert not config.in_engine_process  # on a CPU, the engine in the pod's own thread
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--device", "cuda"], True), (["--device", "cuda:1"], True),
+    (["--paced-engine", "capacity.json"], True), (["--device", "cpu"], False),
+    (["--device", "cuda", "--no-engine-process"], False),
+    (["--device", "cpu", "--engine-process"], True),
+])
+def test_the_engine_runs_in_a_process_beside_a_gpu_unless_told(flags: list[str],
+                                                               expected: bool) -> None:
+    assert serve_cli.settings_from(_parse(*flags)).in_engine_process is expected
 
 
 def test_cli_module_does_not_import_torch_or_fastapi() -> None:
