@@ -129,15 +129,14 @@ class Handle:
     def push_audio(self, pcm: NDArray[np.float32]) -> None:
         self._buffers.push_audio(self._stream.slot, pcm)
 
-    def push_audio_now(self, message: protocol.AudioMessage) -> bool:
-        """Take an ``Audio`` message at once if the stream sends PCM and its slot has
-        room (what :meth:`room` then :meth:`push` would do); False, taking nothing,
-        otherwise."""
-        stream = self._stream
-        if stream.input.kind == "OggOpus" or self.buffered() >= self._cap:
-            return False
-        self.push_audio(stream.input.pcm(message))
-        return True
+    def takes_audio_now(self) -> bool:
+        """Whether an ``Audio`` message may be pushed at once (:meth:`push_audio_now`):
+        the stream sends PCM and its slot has room, as :meth:`room` would find."""
+        return self._stream.input.kind != "OggOpus" and self.buffered() < self._cap
+
+    def push_audio_now(self, message: protocol.AudioMessage) -> None:
+        """An ``Audio`` message, pushed as :meth:`push` would (after :meth:`takes_audio_now`)."""
+        self.push_audio(self._stream.input.pcm(message))
 
     def restart(self) -> None:
         lane = self._lane_of_opus()

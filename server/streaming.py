@@ -191,10 +191,11 @@ def _fast_reader(pod: pods.Pod, handle: handles.Handle, idle: idleness.IdleWatch
             decoded = protocol.decode_client(data, max_bytes)
         except protocol.ProtocolError:
             return False
-        if decoded["type"] != "Audio" or not budget.spend(len(decoded["pcm"])):
+        if decoded["type"] != "Audio" or not handle.takes_audio_now():
             return False
-        if not handle.push_audio_now(decoded):
-            return False
+        if not budget.spend(len(decoded["pcm"])):
+            return False  # the reader spends again, and ends the stream over budget
+        handle.push_audio_now(decoded)
         idle.active()
         return True
 
