@@ -35,11 +35,13 @@ _MASK = b"\x5a\x17\xc3\x08"
 
 @dataclasses.dataclass
 class Outcome:
-    """One process's streams: frame latencies (s), refusals, frames sent."""
+    """One process's streams: frame latencies (s), refusals, frames sent, streams the
+    pod shed (ended with ``Error{code:"overloaded"}``: it fell behind real time)."""
 
     latencies: list[float]
     refused: int
     frames_sent: int
+    shed: int = 0
     cpu_s: float = 0.0  # the clients' process's CPU over the run
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,13 +67,16 @@ class Stream(wsload.Stream):
         super().__init__(path, host, latencies)
         self.sent_at: dict[int, float] = {}
         self.frames = 0
+        self.error_code: str | None = None  # of the Error that ended the stream
 
     def _frame(self, opcode: int, payload: bytes) -> None:
         if opcode != 2 or not self.ready.is_set():
             super()._frame(opcode, payload)
             return
         message = msgpack.unpackb(payload)
-        if message.get("type") == "Step":
+        if message.get("type") == "Error":
+            self.error_code = str(message.get("code"))
+        elif message.get("type") == "Step":
             sent = self.sent_at.pop(message.get("step_idx"), None)
             if sent is not None:
                 self.rtts.append(time.perf_counter() - sent)
@@ -134,7 +139,8 @@ async def run(host: str, port: int, path: str, count: int, seconds: float,
     await _tick(streams, int(seconds / FRAME_SECONDS), audio_frames(seed))
     await asyncio.sleep(2.0)  # the last frames' Steps
     await _close(streams)
-    return Outcome(latencies, count - len(streams), sum(s.frames for s in streams))
+    shed = sum(s.error_code == protocol.ErrorCode.OVERLOADED for s in streams)
+    return Outcome(latencies, count - len(streams), sum(s.frames for s in streams), shed)
 
 
 def run_in_process(host: str, port: int, path: str, count: int, seconds: float,

@@ -193,6 +193,8 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
     return {
         "clients": clients,
         "refused": sum(r["refused"] for r in results),
+        # Streams the pod ended because it fell too far behind real time (--shed-seconds).
+        "shed": sum(r.get("shed", 0) for r in results),
         "frames": len(latencies),
         "p50_latency_s": _quantile(latencies, 0.5),
         "p99_latency_s": _quantile(latencies, 0.99),
@@ -303,6 +305,9 @@ async def _stream(url: str, seconds: float, pieces: int, seed: int) -> dict[str,
         try:
             while len(latencies) < len(frames):
                 message = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 30))
+                if message["type"] == "Error":  # shed when the pod fell behind real time
+                    shed = message.get("code") == protocol.ErrorCode.OVERLOADED
+                    return {"refused": 0, "latencies": latencies, "shed": int(shed)}
                 if message["type"] == "Step" and message["step_idx"] in sent:
                     latencies.append(time.monotonic() - sent[message["step_idx"]])
         finally:
@@ -479,7 +484,7 @@ def _print_summary(result: dict[str, Any], path: Path) -> None:
         print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
               f"step={_ms(row['mean_step_s'])}{_handover(row)}  "
               f"lag p99<={_ms(row['step_lag_p99_s'])}  "
-              f"refused={row['refused']}  cores: {_cores(row['pod_cpu_cores'])}  "
+              f"refused={row['refused']}  shed={row['shed']}  cores: {_cores(row['pod_cpu_cores'])}  "
               f"loop/frame={row['loop_us_per_frame']}us")
     rss = [mib for _, mib in result["rss_mib_over_time"]]
     if rss:

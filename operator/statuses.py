@@ -154,7 +154,8 @@ def _slot_fields(slot_use: usage.Usage | None, previous: Mapping[str, Any]) -> d
 def conditions(
     observed: Observed, previous: Sequence[Mapping[str, Any]], now: str
 ) -> list[dict[str, Any]]:
-    made = [_ready_condition(observed), _progressing(observed), _degraded(observed)]
+    made = [_ready_condition(observed), _progressing(observed), _degraded(observed),
+            _overloaded(observed)]
     return [_stamp(condition, previous, now, observed.generation) for condition in made]
 
 
@@ -200,6 +201,19 @@ def _degraded(observed: Observed) -> dict[str, Any]:
     if observed.problem is not None:
         return _condition("Degraded", True, observed.problem.reason, observed.problem.message)
     return _condition("Degraded", False, "AsExpected", "the pool matches its spec")
+
+
+def _overloaded(observed: Observed) -> dict[str, Any]:
+    """Pods behind real time, which admit no new stream until they catch up (and shed
+    their newest past a hard bound): the pool has fewer slots than its pods say."""
+    if observed.slot_use is None:
+        return {**_condition("Overloaded", False, "Unknown", "Redis cannot be read"),
+                "status": "Unknown"}
+    pods = observed.slot_use.overloaded_pods
+    if pods:
+        return _condition("Overloaded", True, "BehindRealTime",
+                          f"behind real time, admitting no new stream: {', '.join(pods)}")
+    return _condition("Overloaded", False, "KeepingUp", "every server pod keeps real time")
 
 
 def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:

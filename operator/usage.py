@@ -14,13 +14,15 @@ from asrpool.operator import naming
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
-    """Slots of the pool's live pods; draining pods offer none but may still stream."""
+    """Slots of the pool's live pods; draining pods offer none but may still stream, and
+    overloaded ones (behind real time) offer no free slot."""
 
     slots: int = 0
     free_slots: int = 0
     active_streams: int = 0
     live_pods: int = 0
     draining_pods: int = 0
+    overloaded_pods: tuple[str, ...] = ()  # their pod ids
 
 
 def summarise(beats: Iterable[registry.PodHeartbeat]) -> Usage:
@@ -28,10 +30,11 @@ def summarise(beats: Iterable[registry.PodHeartbeat]) -> Usage:
     serving = [beat for beat in beats if not beat.draining]
     return Usage(
         slots=sum(beat.total_slots for beat in serving),
-        free_slots=sum(beat.free_slots for beat in serving),
+        free_slots=sum(beat.free_slots for beat in serving if not beat.overloaded),
         active_streams=sum(beat.used_slots for beat in beats),
         live_pods=len(beats),
         draining_pods=len(beats) - len(serving),
+        overloaded_pods=tuple(sorted(beat.pod_id for beat in serving if beat.overloaded)),
     )
 
 

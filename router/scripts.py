@@ -203,13 +203,15 @@ class AdmitReply(NamedTuple):
 # heartbeat hash has expired.
 _LOAD = """
 local function load(pod_id, hash, sessions)
-  local h = redis.call('HMGET', hash, 'total_slots', 'free_slots', 'draining', 'address')
+  local h = redis.call('HMGET', hash, 'total_slots', 'free_slots', 'draining', 'address',
+                       'overloaded')
   if not h[1] or not h[2] or not h[4] then return nil end
   local total = tonumber(h[1])
   redis.call('ZREMRANGEBYSCORE', sessions, '-inf', now)
   local used = math.max(total - tonumber(h[2]), redis.call('ZCARD', sessions))
   return {id = pod_id, address = h[4], total = total, sessions = sessions,
-          free = math.max(0, total - used), draining = h[3] == '1'}
+          -- an overloaded pod (behind real time) takes no new stream, as a draining one
+          free = math.max(0, total - used), draining = h[3] == '1' or h[5] == '1'}
 end
 """
 

@@ -25,7 +25,8 @@ class PodView:
     def load(self) -> policies.PodLoad:
         used = policies.effective_used(self.beat.used_slots, self.router_sessions)
         return policies.PodLoad(
-            self.beat.pod_id, self.beat.address, self.beat.total_slots, used, self.beat.draining
+            self.beat.pod_id, self.beat.address, self.beat.total_slots, used,
+            self.beat.draining or self.beat.overloaded,  # neither takes a new stream
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -34,6 +35,7 @@ class PodView:
             "pod_id": self.beat.pod_id,
             "model": self.beat.model,
             "draining": self.beat.draining,
+            "overloaded": self.beat.overloaded,
             "total_slots": self.beat.total_slots,
             "reported_free_slots": self.beat.free_slots,
             "router_sessions": self.router_sessions,

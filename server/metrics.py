@@ -45,6 +45,12 @@ class ServerMetrics:
         self.resumes = prom.Counter(
             "asr_resumes", "Streams reattached with a resume token", registry=r)
         self.draining = prom.Gauge("asr_draining", "1 while the pod drains", registry=r)
+        self.overloaded = prom.Gauge(
+            "asr_overloaded", "1 while the pod is behind real time and admits no new stream "
+            "(serve --overload-seconds)", registry=r)
+        self.shed = prom.Counter(
+            "asr_shed_streams", "Streams ended (Error overloaded) because the pod fell too "
+            "far behind real time (serve --shed-seconds)", registry=r)
         self.paced_engine = prom.Gauge(
             "asr_paced_engine",
             "1: the engine is a paced stand-in (serve --paced-engine), no model runs; the "

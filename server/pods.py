@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import logging
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from asrpool.server import (
     metrics,
     opuslanes,
     outcomes,
+    overload,
     sessions,
     settings,
     slots,
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from asrpool.server import pacing
 
 logger = logging.getLogger(__name__)
+
+_REAL_TIME_TICK_S = 0.5
 
 _POD_TOKEN_HEADER = protocol.POD_TOKEN_HEADER.encode()  # as h11 gives header names: lowercase
 
@@ -72,6 +76,7 @@ class Pod:
         self.instance = registry.new_instance()  # this process, among pods of one id
         self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
         self._heartbeat_wake = asyncio.Event()
+        self.realtime = overload.RealTimeWatch(config.overload_seconds, config.shed_seconds)
         self._new_streams = (rates.TokenBucket(config.new_streams_per_second,
                                                config.new_streams_burst)
                              if config.new_streams_per_second else None)
@@ -106,6 +111,7 @@ class Pod:
                 loop, self._opus_failed, self._opus_settled)
         if self.deps.redis is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
+        self._tasks.append(asyncio.create_task(self._watch_real_time()))
 
     async def shutdown(self) -> None:
         for stream in self.sessions.streams():
@@ -201,6 +207,10 @@ class Pod:
                                    protocol.CloseCode.TRY_AGAIN)
         if self.state is not State.READY:
             return outcomes.busy("model is still loading")
+        if self.realtime.overloaded:
+            return outcomes.busy(
+                f"server is {self.realtime.behind:.1f} s behind real time: no new streams "
+                "until it catches up")
         return None
 
     def open(self, resumable: bool) -> handles.Handle | outcomes.Failed:
@@ -237,15 +247,18 @@ class Pod:
         module = {"type": "batched_asr", "path": protocol.STREAMING_PATH,
                   "lm": self.model_id, "audio_tokenizer": self.model_id,
                   "used_slots": str(self.sessions.used), "total_slots": str(self.sessions.total),
-                  "model": self.model_id, "draining": str(self.state is State.DRAINING).lower()}
+                  "model": self.model_id, "draining": str(self.state is State.DRAINING).lower(),
+                  "overloaded": str(self.realtime.overloaded).lower()}
         return [module if self.pace is None else module | {"paced": self.pace.label}]
 
     def beat(self) -> registry.PodHeartbeat:
+        """An overloaded pod's routers admit no new stream to it, as to a draining one."""
         return registry.PodHeartbeat(
             pod_id=self.settings.pod_id, pool=self.settings.pool,
             address=self.settings.address, total_slots=self.sessions.total,
             free_slots=self.sessions.total - self.sessions.used,
-            draining=self.state is State.DRAINING, model=self.model_id)
+            draining=self.state is State.DRAINING, model=self.model_id,
+            overloaded=self.realtime.overloaded)
 
     # Callbacks from the engine thread (run on the event loop).
 
@@ -272,6 +285,8 @@ class Pod:
 
     def _on_output(self, output: engine_loop.StepOutput) -> None:
         self.sessions.deliver(output)
+        self._keep_real_time(self.realtime.step(time.monotonic(), output.buffered,
+                                                bool(output.lags), self.sessions.used))
         if self.lanes is not None:
             self.lanes.after_step()
         m = self.metrics
@@ -301,6 +316,45 @@ class Pod:
         stream = self.sessions.in_slot(slot, generation)
         if stream is not None:
             stream.room.set()
+
+    async def _watch_real_time(self) -> None:
+        """Look at the event loop's own load (and notice an idle engine) twice a second."""
+        while True:
+            await asyncio.sleep(_REAL_TIME_TICK_S)
+            self._keep_real_time(self.realtime.tick(time.monotonic(), time.thread_time(),
+                                                    self.sessions.used))
+
+    def _keep_real_time(self, verdict: overload.Verdict) -> None:
+        if verdict.overloaded_changed:
+            overloaded = self.realtime.overloaded
+            self.metrics.overloaded.set(int(overloaded))
+            self._heartbeat_wake.set()
+            if overloaded:
+                logger.warning("overloaded: %.1f s behind real time (engine %.1f s, event loop "
+                               "%.1f s); no new streams until it catches up",
+                               self.realtime.behind, self.realtime.engine_behind,
+                               self.realtime.loop_behind)
+            else:
+                logger.info("caught up with real time: taking new streams again")
+        if verdict.shed:
+            self._shed(verdict.shed)
+
+    def _shed(self, count: int) -> None:
+        """End the newest streams so that the rest keep real time."""
+        behind = self.realtime.behind
+        shed = self.sessions.newest(count)
+        logger.warning("%.1f s behind real time and falling further: shedding the %d newest "
+                       "of %d streams", behind, len(shed), self.sessions.used)
+        self.metrics.shed.inc(len(shed))
+        failed = outcomes.Failed(
+            f"server fell {behind:.1f} s behind real time: its newest streams are ended so "
+            "that the rest keep up; connect again", protocol.ErrorCode.OVERLOADED,
+            protocol.CloseCode.TRY_AGAIN)
+        for stream in shed:
+            if stream.attached:
+                stream.end_connection(failed)
+            else:
+                self.sessions.close(stream)
 
     def _slots_changed(self) -> None:
         self.metrics.slots_free.set(self.sessions.total - self.sessions.used)

@@ -109,6 +109,10 @@ class Sessions:
     def streams(self) -> list[Stream]:
         return list(self._streams.values())
 
+    def newest(self, count: int) -> list[Stream]:
+        """The ``count`` streams opened last (a resumed stream keeps its place)."""
+        return list(self._streams.values())[-count:] if count > 0 else []
+
     def in_slot(self, slot: int, generation: int) -> Stream | None:
         """The stream of that generation in the slot, if it is still there."""
         stream = self._streams.get(slot)

@@ -136,6 +136,15 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=0.2, gt=0, le=1000, description="the process's GIL switch interval: the "
         "longest a thread waits while another holds the GIL (Python's default: 5)")
 
+    # A pod that falls behind real time protects the streams it has (server.overload):
+    # it admits no new stream, and past a hard bound sheds its newest ones.
+    overload_seconds: float = pydantic.Field(
+        default=1.0, ge=0, description="behind real time this far, admit no new stream "
+        "until caught up (overloaded in the heartbeat, asr_overloaded 1; 0: never refuse)")
+    shed_seconds: float = pydantic.Field(
+        default=5.0, ge=0, description="behind real time this far and still falling behind, "
+        "end the newest streams (Error overloaded), a sixteenth at a time (0: never)")
+
     # POST /api/asr-streaming: each file is decoded in a child process (server.decoding)
     # bounded by these, so no upload costs the pod more than its share.
     max_upload_seconds: float = pydantic.Field(

@@ -90,6 +90,7 @@ def test_every_router_refusal_is_what_clients_met_before() -> None:
 # Words that are error codes but mean something else where these modules write them.
 _NOT_CODES = {
     "draining": "a pod's state and its heartbeat's field, not the Error's code",
+    "overloaded": "the heartbeat's field and /api/modules_info's key, as draining",
     "too_large": "router/frames.py: a scanned frame's fault, told as refusals.too_large",
 }
 _PACKAGES = ("asrpool", "server", "router", "operator", "bench", "plan")

@@ -85,6 +85,7 @@ class ErrorCode(enum.StrEnum):
     BAD_RESUME_TOKEN = "bad_resume_token"
     IDLE_TIMEOUT = "idle_timeout"
     TOO_SLOW = "too_slow"
+    OVERLOADED = "overloaded"  # shed: the pod fell too far behind real time
     TOO_MANY_STREAMS = "too_many_streams"
     UNAUTHORIZED = "unauthorized"
     INTERNAL = "internal"

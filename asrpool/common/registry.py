@@ -184,6 +184,7 @@ class PodHeartbeat:
     free_slots: int
     draining: bool
     model: str
+    overloaded: bool = False  # behind real time: takes no new stream (as draining)
     updated_ms: int = 0
 
     @property
@@ -193,6 +194,7 @@ class PodHeartbeat:
     def to_hash(self) -> dict[str, str]:
         fields = dataclasses.asdict(self)
         fields["draining"] = "1" if self.draining else "0"
+        fields["overloaded"] = "1" if self.overloaded else "0"
         return {name: str(value) for name, value in fields.items()}
 
     @classmethod
@@ -206,6 +208,7 @@ class PodHeartbeat:
             free_slots=int(fields["free_slots"]),
             draining=fields["draining"] == "1",
             model=fields.get("model", ""),
+            overloaded=fields.get("overloaded", "0") == "1",
             updated_ms=int(fields.get("updated_ms", "0")),
         )
 

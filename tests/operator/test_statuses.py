@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from asrpool.common import registry
 from asrpool.operator import statuses, usage
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -203,3 +204,18 @@ def test_a_retry_in_progress_is_still_the_problem() -> None:
                "lastState": {"terminated": {"exitCode": 3, "message": "no files"}}}
     problem = statuses.pod_problem(None, [_model_pod("stt-a", containers=[loading])])
     assert problem is not None and problem.reason == "ModelUnavailable"
+
+
+def test_overloaded_pods_are_named_in_a_condition() -> None:
+    behind = usage.summarise([
+        registry.PodHeartbeat("ns/stt-a", "ns/stt", "10.0.0.1:8080", 8, 2, False, "tiny",
+                              overloaded=True),
+        registry.PodHeartbeat("ns/stt-b", "ns/stt", "10.0.0.2:8080", 8, 5, False, "tiny")])
+    assert (behind.free_slots, behind.active_streams) == (5, 9)  # the overloaded offer none
+    condition = by_type(statuses.build(observed(slot_use=behind), {}, NOW))["Overloaded"]
+    assert (condition["status"], condition["reason"]) == ("True", "BehindRealTime")
+    assert condition["message"] == "behind real time, admitting no new stream: ns/stt-a"
+    keeping_up = by_type(statuses.build(observed(), {}, NOW))["Overloaded"]
+    assert (keeping_up["status"], keeping_up["reason"]) == ("False", "KeepingUp")
+    unknown = by_type(statuses.build(observed(slot_use=None), {}, NOW))["Overloaded"]
+    assert unknown["status"] == "Unknown"

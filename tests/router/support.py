@@ -42,6 +42,7 @@ async def beat(
     draining: bool = False,
     lease_ms: int = 10_000,
     port: int = 1,
+    overloaded: bool = False,
 ) -> registry.PodHeartbeat:
     hb = registry.PodHeartbeat(
         pod_id=pod_id,
@@ -51,6 +52,7 @@ async def beat(
         free_slots=total if free is None else free,
         draining=draining,
         model="test",
+        overloaded=overloaded,
     )
     await registry.write_heartbeat(redis, hb, lease_ms=lease_ms)
     return hb

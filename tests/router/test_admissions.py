@@ -106,6 +106,18 @@ async def test_draining_and_dead_pods_get_nothing(
     assert got == admissions.Refused("busy", 0)
 
 
+async def test_an_overloaded_pod_gets_no_new_stream_until_it_catches_up(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """A pod behind real time says so in its heartbeat, free slots and all: no router
+    admits to it, as to a draining pod, and the pool is full for the waiting room."""
+    await support.beat(redis, "behind", total=4, free=4, overloaded=True)
+    admit = store(redis, redis_server.url)
+    assert await admit.admit(request()) == admissions.Refused("busy", 0)
+    await support.beat(redis, "behind", total=4, free=4)  # caught up
+    assert isinstance(await admit.admit(request()), admissions.Session)
+
+
 async def test_unknown_pool(redis: aioredis.Redis, redis_server: RedisServer) -> None:
     await support.beat(redis, "a")
     got = await store(redis, redis_server.url).admit(request(pool="nope"))
