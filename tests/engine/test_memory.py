@@ -44,3 +44,34 @@ def test_an_engine_that_runs_out_of_memory_opening_leaves_the_model_free(
     with engine.BatchedEngine(tiny, 2) as eng:
         eng.reset_slot(0)
         assert eng.step({0: np.zeros(1920, dtype=np.float32)}).text_tokens
+
+
+def test_mimi_decoder_keeps_no_streaming_state_and_no_output_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speech-to-text never decodes audio: an engine leaves Mimi's decoder side out of
+    streaming, holds less per slot, and steps to the same tokens, heads and codes as an
+    engine whose Mimi holds that state (the same model, the same frames)."""
+    model = models.load_model("tiny")
+    rng = np.random.default_rng(3)
+    frames = [(0.1 * rng.standard_normal(1920)).astype(np.float32) for _ in range(24)]
+
+    def run() -> tuple[list[tuple[dict[int, int], dict[int, list[int]]]], int, list[str]]:
+        with engine.BatchedEngine(model, 2) as eng:
+            eng.reset_slots([0, 1])
+            out = []
+            for i, frame in enumerate(frames):
+                result = eng.step({0: frame, 1: frames[-1 - i]} if i % 4 else {0: frame})
+                out.append((result.text_tokens, result.audio_codes))
+            streaming = [name for name, part in model.mimi.named_modules()
+                         if name.startswith(("decoder", "upsample"))
+                         and getattr(part, "is_streaming", False)]
+            return out, eng.state_nbytes(), streaming
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "encoder_only", lambda mimi: None)
+        with_decoder, bytes_with, streaming = run()
+    assert streaming  # the comparison's engine holds the decoder's state
+    without_decoder, bytes_without, streaming = run()
+    assert streaming == []
+    assert bytes_without < bytes_with
+    assert without_decoder == with_decoder
