@@ -484,7 +484,8 @@ def _print_summary(result: dict[str, Any], path: Path) -> None:
         print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
               f"step={_ms(row['mean_step_s'])}{_handover(row)}  "
               f"lag p99<={_ms(row['step_lag_p99_s'])}  "
-              f"refused={row['refused']}  shed={row['shed']}  cores: {_cores(row['pod_cpu_cores'])}  "
+              f"refused={row['refused']}  shed={row['shed']}  "
+              f"cores: {_cores(row['pod_cpu_cores'])}  "
               f"loop/frame={row['loop_us_per_frame']}us")
     rss = [mib for _, mib in result["rss_mib_over_time"]]
     if rss:

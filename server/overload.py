@@ -21,7 +21,16 @@ pod falls behind in one of two places:
 ``admit_seconds`` behind it is *overloaded* and admits no new stream (until it is back
 under half of that), and past ``shed_seconds``, while it still falls further behind, it
 sheds its newest streams, a sixteenth of them at a time and at most once a second, so
-that the rest keep real time. It holds numbers only; ``pods.Pod`` feeds it and acts.
+that the rest keep real time.
+
+Shedding relieves the host (each stream's intake, delivery and socket work), never the
+engine: its step computes every row of its batch, busy or not (CUDA graphs on a GPU,
+the masked batch on a CPU), so a step that alone takes longer than a frame
+(:attr:`RealTimeWatch.engine_bound`: more slots than the device serves in real time)
+keeps every stream behind however few remain. Such a pod admits no new stream and says
+why; it sheds nothing, which would cut streams for no gain (``--batch-size auto`` sizes
+a pod so that this does not happen). It holds numbers only; ``pods.Pod`` feeds it and
+acts.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ FRAME_SECONDS = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
 SATURATED = 0.95  # the event loop's share of the wall clock that leaves it no slack
 SHED_FRACTION = 1 / 16  # of the streams, shed at a time
 SHED_EVERY_S = 1.0  # the least time between two sheds: each is given time to tell
+STEP_SMOOTHING = 0.2  # weight of the newest step in the engine's mean step time
 IDLE_AFTER_S = 1.0  # no step for this long: the engine has nothing to fall behind on
 
 
@@ -64,18 +74,27 @@ class RealTimeWatch:
         self._last_tick: tuple[float, float] | None = None  # (wall, loop CPU) at the last tick
         self._last_shed = -math.inf
         self._behind_at_shed = 0.0
+        self.step_seconds = 0.0  # the engine's own step (the model's), smoothed
+
+    @property
+    def engine_bound(self) -> bool:
+        """The engine's step alone takes longer than a frame: no shedding helps."""
+        return self.step_seconds >= FRAME_SECONDS
 
     @property
     def behind(self) -> float:
         """Seconds the pod's streams have fallen behind real time (0: it keeps up)."""
         return max(self.engine_behind, self.loop_behind)
 
-    def step(self, now: float, buffered: Mapping[int, int], stepped: bool,
+    def step(self, now: float, buffered: Mapping[int, int], duration: float,
              streams: int) -> Verdict:
         """One step's output was delivered at ``now``; ``buffered``: samples each slot of
-        the batch still holds; ``stepped``: some slot had a frame; ``streams``: open now."""
-        if not stepped:
+        the batch still holds; ``duration``: the engine's own step (0: no frame was
+        stepped, markers or resets only); ``streams``: open now."""
+        if not duration:
             return Verdict()
+        weight = STEP_SMOOTHING if self.step_seconds else 1.0  # the first step as it is
+        self.step_seconds += weight * (duration - self.step_seconds)
         backlogged = any(samples >= protocol.FRAME_SIZE for samples in buffered.values())
         if not backlogged:
             self.engine_behind = 0.0
@@ -118,7 +137,7 @@ class RealTimeWatch:
         if self.shed_seconds <= 0 or behind < self.shed_seconds:
             self._behind_at_shed = 0.0
             return 0
-        if streams == 0 or now - self._last_shed < SHED_EVERY_S:
+        if streams == 0 or self.engine_bound or now - self._last_shed < SHED_EVERY_S:
             return 0
         if behind <= self._behind_at_shed:
             self._behind_at_shed = behind  # it caught up some since: wait and see

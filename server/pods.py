@@ -65,7 +65,7 @@ class Pod:
         self.settings = config
         self.deps = deps
         self.metrics = metrics.ServerMetrics()
-        self.buffers = slots.SlotBuffers(config.batch_size)
+        self.buffers = slots.SlotBuffers(config.slots)
         self.sessions = sessions.Sessions(
             self.buffers, config.resume_grace_seconds, config.max_pending_messages,
             self._slots_changed)
@@ -83,8 +83,8 @@ class Pod:
         self._engine: engine_loop.EngineLoop | None = None
         self.lanes: opuslanes.OpusLanes | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.metrics.slots_total.set(config.batch_size)
-        self.metrics.slots_free.set(config.batch_size)
+        self.metrics.slots_total.set(config.slots)
+        self.metrics.slots_free.set(config.slots)
 
     # Life cycle.
 
@@ -286,7 +286,7 @@ class Pod:
     def _on_output(self, output: engine_loop.StepOutput) -> None:
         self.sessions.deliver(output)
         self._keep_real_time(self.realtime.step(time.monotonic(), output.buffered,
-                                                bool(output.lags), self.sessions.used))
+                                                output.duration, self.sessions.used))
         if self.lanes is not None:
             self.lanes.after_step()
         m = self.metrics
@@ -334,6 +334,13 @@ class Pod:
                                "%.1f s); no new streams until it catches up",
                                self.realtime.behind, self.realtime.engine_behind,
                                self.realtime.loop_behind)
+                if self.realtime.engine_bound:
+                    logger.error(
+                        "the engine's own step takes %.0f ms for %d slots, over a frame's "
+                        "80 ms: no stream keeps real time on this pod however few it "
+                        "serves, and shedding would not help; serve fewer slots "
+                        "(--batch-size auto measures how many)",
+                        self.realtime.step_seconds * 1e3, self.sessions.total)
             else:
                 logger.info("caught up with real time: taking new streams again")
         if verdict.shed:

@@ -1,5 +1,5 @@
 """A pod that falls behind real time stops admitting, sheds its newest streams past a hard
-bound, and recovers by itself (``server.overload``, ``pods.Pod``).
+bound (where that helps), and recovers by itself (``server.overload``, ``pods.Pod``).
 
 The first tests feed :class:`overload.RealTimeWatch` step deliveries and loop ticks at
 chosen times; the last runs a real pod whose paced engine steps in 160 ms (twice a
@@ -26,9 +26,13 @@ H200 = Path(__file__).resolve().parents[2] / "bench/results/capacity-stt-1b-en_f
 
 
 def _steps(watch: overload.RealTimeWatch, start: float, interval: float, count: int,
-           backlog: bool = True, streams: int = 16) -> list[overload.Verdict]:
+           backlog: bool = True, streams: int = 16,
+           engine_s: float = 0.03) -> list[overload.Verdict]:
+    """Steps delivered every ``interval``, each of which took the engine ``engine_s``
+    (the rest of the interval is the host's: hand-over, intake, the event loop)."""
     buffered = {0: FRAME if backlog else FRAME // 2, 1: 0}
-    return [watch.step(start + i * interval, buffered, True, streams) for i in range(count)]
+    return [watch.step(start + i * interval, buffered, engine_s, streams)
+            for i in range(count)]
 
 
 def test_steps_that_keep_real_time_never_fall_behind() -> None:
@@ -65,6 +69,14 @@ def test_busy_slow_steps_fall_behind_overload_then_shed_and_recover() -> None:
     assert watch.behind == 0.0 and not watch.overloaded and verdicts[0].overloaded_changed
 
 
+def test_an_engine_whose_own_step_is_over_a_frame_refuses_but_sheds_nothing() -> None:
+    """Its step computes every row, busy or not: fewer streams would not make it faster."""
+    watch = overload.RealTimeWatch(admit_seconds=1.0, shed_seconds=2.0)
+    verdicts = _steps(watch, 0.0, 0.16, 100, engine_s=0.15)
+    assert watch.engine_bound and watch.overloaded and watch.behind > 7
+    assert not any(v.shed for v in verdicts)
+
+
 def test_no_shedding_or_refusing_when_switched_off() -> None:
     watch = overload.RealTimeWatch(admit_seconds=0.0, shed_seconds=0.0)
     verdicts = _steps(watch, 0.0, 0.5, 100)
@@ -76,11 +88,11 @@ def test_a_saturated_event_loop_with_audio_waiting_falls_behind() -> None:
     watch = overload.RealTimeWatch(admit_seconds=1.0, shed_seconds=5.0)
     now, cpu = 0.0, 0.0
     for _ in range(3):  # saturated, with steps leaving frames behind (audio read late)
-        watch.step(now, {0: FRAME}, True, 4)
+        watch.step(now, {0: FRAME}, 0.01, 4)
         watch.tick(now, cpu, 4)
         now, cpu = now + 0.5, cpu + 0.49
     assert watch.loop_behind == pytest.approx(1.0) and watch.overloaded
-    watch.step(now, {0: 0}, True, 4)  # a step leaves no frame: the audio flows again
+    watch.step(now, {0: 0}, 0.01, 4)  # a step leaves no frame: the audio flows again
     watch.tick(now, cpu + 0.49, 4)
     watch.tick(now + 0.5, cpu + 0.98, 4)
     assert watch.loop_behind == 0.0
@@ -90,7 +102,7 @@ def test_a_busy_loop_while_audio_flows_is_not_behind() -> None:
     """One client flooding the loop with messages is not the pod falling behind."""
     watch = overload.RealTimeWatch(admit_seconds=1.0, shed_seconds=5.0)
     for i in range(10):
-        watch.step(i * 0.5, {0: 0}, True, 4)
+        watch.step(i * 0.5, {0: 0}, 0.01, 4)
         watch.tick(i * 0.5, i * 0.5, 4)  # 100 % busy
     assert watch.behind == 0.0
 
@@ -122,10 +134,13 @@ async def _stream_in_real_time(ws: ws_client.ClientConnection, stop: asyncio.Eve
         await asyncio.sleep(max(0.0, started + sent * 0.08 - loop.time()))
 
 
-async def test_a_pod_behind_real_time_refuses_sheds_its_newest_and_recovers(
+async def test_a_pod_whose_engine_is_too_slow_refuses_new_streams_and_recovers(
         tmp_path: Path) -> None:
+    """The paced step alone is 160 ms: every stream falls behind whatever the pod does,
+    so it admits no new one and says why, cuts none, and takes streams again once its
+    clients are gone."""
     args = ["--paced-engine", str(_slow_profile(tmp_path)), "--overload-seconds", "0.5",
-            "--shed-seconds", "2"]
+            "--shed-seconds", "1"]
     with servers.ServerProcess(tmp_path, batch_size=4, args=args) as server:
         server.wait_ready()
         stop = asyncio.Event()
@@ -141,12 +156,9 @@ async def test_a_pod_behind_real_time_refuses_sheds_its_newest_and_recovers(
                 async with await kyutai_client.connect(server.ws_url) as refused:
                     error = await kyutai_client.next_error(refused)
                 assert error["code"] == "busy" and "behind real time" in error["message"]
-                # Past 2 s behind and still falling behind: the newest stream goes first.
-                shed = await kyutai_client.next_error(newer, timeout=30)
-                assert shed["code"] == "overloaded", shed
-                await asyncio.wait_for(newer.wait_closed(), 10)
-                assert newer.close_code == protocol.CloseCode.TRY_AGAIN
-                assert older.close_code is None  # not cut with it
+                await asyncio.sleep(2.5)  # past the shed bound, and still further behind
+                assert (older.close_code, newer.close_code) == (None, None)
+                assert not any(task.done() for task in senders)
             finally:
                 stop.set()
                 for task in senders:
@@ -155,12 +167,12 @@ async def test_a_pod_behind_real_time_refuses_sheds_its_newest_and_recovers(
         # Its streams gone, nothing waits: it takes streams again.
         await _until(lambda: server.modules_info()["overloaded"] == "false")
         assert server.metric("asr_overloaded") == 0
-        assert (server.metric("asr_shed_streams_total") or 0) >= 1
+        assert not server.metric("asr_shed_streams_total")
         async with await kyutai_client.connect(server.ws_url) as again:
             await kyutai_client.expect(again, "Ready")
     log = server.log()
-    assert "overloaded:" in log and "shedding the 1 newest of 2 streams" in log
-    assert "caught up with real time" in log
+    assert "overloaded:" in log and "the engine's own step takes 160 ms for 4 slots" in log
+    assert "shedding the" not in log and "caught up with real time" in log
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
