@@ -107,7 +107,8 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
     env = {
         **sources.server_environment(pool.source),
         "ASRPOOL_DTYPE": pool.dtype,
-        "ASRPOOL_BATCH_SIZE": str(pool.slots_per_pod),
+        # auto: measured by each pod; the template stays the same as they report
+        "ASRPOOL_BATCH_SIZE": pools.AUTO if pool.auto_slots else str(pool.slots_per_pod),
         "ASRPOOL_CONTEXT": str(pool.context),
         "ASRPOOL_DEVICE": pool.device,
         "ASRPOOL_HOST": "0.0.0.0",

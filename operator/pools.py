@@ -21,6 +21,7 @@ from asrpool.operator import naming, sources, specs, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
 DEFAULT_SLOTS_PER_POD = 8
+AUTO = "auto"
 DEFAULT_CONTEXT = 375  # model steps of 80 ms: 30 s of rolling context
 DEFAULT_DRAIN_GRACE_SECONDS = 60
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -107,6 +108,10 @@ class Pool:
     slots: int
     revision: str = ""
     slots_per_pod: int = DEFAULT_SLOTS_PER_POD
+    # slotsPerPod: auto: each pod measures its engine (serve --batch-size auto), and
+    # slots_per_pod is what the pool's live pods measured (usage.measured_slots), or,
+    # before any did, the whole pool's slots: one pod first, to measure.
+    auto_slots: bool = False
     context: int = DEFAULT_CONTEXT
     image: str = ""
     image_pull_policy: str = DEFAULT_PULL_POLICY
@@ -152,11 +157,14 @@ def pods_for(slots: int, slots_per_pod: int) -> int:
     return math.ceil(slots / slots_per_pod)
 
 
-def from_body(body: Mapping[str, Any]) -> Pool:
+def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Pool:
     """Read and check a pool object (``metadata`` and ``spec``); raise
-    :class:`~asrpool.operator.specs.InvalidSpec`."""
+    :class:`~asrpool.operator.specs.InvalidSpec`. ``measured_slots``: the slots its live
+    pods measured for themselves (``slotsPerPod: auto``), if any reported."""
     meta, spec = body.get("metadata", {}), specs.Section("spec", body.get("spec") or {})
     source, template = _model(spec), templates.read(spec)
+    auto = spec.get("slotsPerPod") == AUTO
+    slots_per_pod = _slots_per_pod(spec, measured_slots)
     pool = Pool(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or "default"),
@@ -166,7 +174,8 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         dtype=_dtype(spec),
         template=template,
         slots=spec.integer("slots", required=True),
-        slots_per_pod=_slots_per_pod(spec),
+        slots_per_pod=slots_per_pod,
+        auto_slots=auto,
         context=spec.integer("context", DEFAULT_CONTEXT, minimum=1),
         image=spec.text("image"),
         image_pull_policy=spec.text("imagePullPolicy") or DEFAULT_PULL_POLICY,
@@ -178,7 +187,7 @@ def from_body(body: Mapping[str, Any]) -> Pool:
         tolerations=spec.objects("tolerations"),
         affinity=spec.mapping("affinity"),
         priority_class=spec.text("priorityClassName"),
-        autoscaling=_autoscaling(spec.section("autoscaling"), _slots_per_pod(spec)),
+        autoscaling=_autoscaling(spec.section("autoscaling"), slots_per_pod),
         api_keys=_secret(spec.section("auth"), "apiKeysSecret", "keys.yaml"),
         pod_token=_secret(spec.section("auth"), "podTokenSecret", "token"),
         rollout=_rollout(spec.section("rollout")),
@@ -300,8 +309,17 @@ def _check_gpu_budget(pool: Pool, slots: int, field: str) -> None:
     )
 
 
-def _slots_per_pod(spec: specs.Section) -> int:
-    return spec.integer("slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1)
+def _slots_per_pod(spec: specs.Section, measured: int | None) -> int:
+    """The number, or with ``auto`` what the pods measured; before any did, the pool's
+    slots (at least 1): one pod, which measures."""
+    if isinstance(spec.get("slotsPerPod"), str) and spec.get("slotsPerPod") != AUTO:
+        raise spec.error("slotsPerPod", f"must be an integer or {AUTO}, got "
+                         f"{spec.get('slotsPerPod')!r}")
+    if spec.get("slotsPerPod") != AUTO:
+        return spec.integer("slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1)
+    if measured:
+        return measured
+    return max(1, spec.integer("slots"))
 
 
 def _autoscaling(scaling: specs.Section, slots_per_pod: int) -> Autoscaling:

@@ -57,15 +57,17 @@ class Result:
 
 
 async def reconcile(context: Context, body: kopf.Body) -> Result:
+    name, namespace = body.metadata.name or "", body.metadata.namespace or "default"
+    beats = await _read_beats(context, naming.registry_name(namespace, name))
     try:
-        pool = children.with_pod_token(pools.from_body(body), context.config)
+        pool = children.with_pod_token(pools.from_body(body, _measured(body, beats)),
+                                       context.config)
         pools.check_auth(pool)
     except specs.InvalidSpec as exc:
-        return await _observe_invalid(context, body, str(exc))
+        return await _observe_invalid(context, body, str(exc), beats)
     built = children.build_all(pool, context.config)
     kopf.adopt(built, owner=body)
     deployment = await _deployment(context, pool.namespace, pool.name)
-    beats = await _read_beats(context, pool.registry_name)
     current = _replicas(deployment)
     costs_set = await _protect_streams(context, pool, current, beats)
     user_problem = await _ensure_redis_user(context, pool)
@@ -75,16 +77,39 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     await _publish_members(context, pool, pods)
     problem = (user_problem or _name_conflict(actions) or _apply_failed(actions)
                or statuses.pod_problem(deployment, pods))
-    observed = _observed(body, pool.name, pool.pods, deployment, beats, problem)
+    observed = dataclasses.replace(
+        _observed(body, pool.name, pool.pods, deployment, beats, problem),
+        slots_per_pod=statuses.SlotsPerPod(pool.slots_per_pod, _sized_by(pool, body, beats)))
     scaled_from = current if current is not None and current != pool.pods else None
     return Result(pool, observed, actions, scaled_from, costs_set)
 
 
-async def _observe_invalid(context: Context, body: kopf.Body, message: str) -> Result:
+def _measured(body: kopf.Body, beats: list[registry.PodHeartbeat] | None) -> int | None:
+    """What a ``slotsPerPod: auto`` pool's pods measured: its live pods' heartbeats, or,
+    while none serves (Redis away, every pod draining or starting), what the status last
+    recorded, never the one-pod start again."""
+    measured = usage.measured_slots(beats or [])
+    if measured:
+        return measured
+    status = body.get("status") or {}
+    recorded = status.get("slotsPerPod")
+    if status.get("slotsPerPodFrom") == statuses.MEASURED and isinstance(recorded, int):
+        return recorded
+    return None
+
+
+def _sized_by(pool: pools.Pool, body: kopf.Body,
+              beats: list[registry.PodHeartbeat] | None) -> str:
+    if not pool.auto_slots:
+        return statuses.SPEC
+    return statuses.MEASURED if _measured(body, beats) else statuses.FIRST_POD
+
+
+async def _observe_invalid(context: Context, body: kopf.Body, message: str,
+                           beats: list[registry.PodHeartbeat] | None) -> Result:
     """Report an invalid pool; its children are left exactly as they are."""
     name, namespace = body.metadata.name or "", body.metadata.namespace or "default"
     deployment = await _deployment(context, namespace, name)
-    beats = await _read_beats(context, naming.registry_name(namespace, name))
     problem = statuses.Problem("InvalidSpec", message)
     observed = _observed(body, name, _replicas(deployment) or 0, deployment, beats, problem)
     return Result(None, observed, [])

@@ -114,6 +114,20 @@ def _conditions(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list((pod.get("status") or {}).get("conditions") or [])
 
 
+# Where status.slotsPerPod comes from (status.slotsPerPodFrom).
+SPEC = "spec"
+MEASURED = "measured"  # slotsPerPod: auto, as the pool's pods measured it (the most)
+FIRST_POD = "first pod measuring"  # slotsPerPod: auto, no pod has measured yet: one pod
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotsPerPod:
+    """What the operator sizes the pool's pods with, and where it comes from."""
+
+    slots: int
+    sized_by: str = SPEC
+
+
 @dataclasses.dataclass(frozen=True)
 class Observed:
     """Everything the status is made of."""
@@ -124,6 +138,7 @@ class Observed:
     deployment: Mapping[str, Any] | None
     slot_use: usage.Usage | None
     problem: Problem | None = None
+    slots_per_pod: SlotsPerPod | None = None  # None: the spec is invalid
 
 
 def build(observed: Observed, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
@@ -136,6 +151,9 @@ def build(observed: Observed, previous: Mapping[str, Any], now: str) -> dict[str
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     status.update(_slot_fields(observed.slot_use, previous))
+    if observed.slots_per_pod is not None:
+        status["slotsPerPod"] = observed.slots_per_pod.slots
+        status["slotsPerPodFrom"] = observed.slots_per_pod.sized_by
     status["conditions"] = conditions(observed, previous.get("conditions") or [], now)
     return status
 

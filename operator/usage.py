@@ -25,6 +25,15 @@ class Usage:
     overloaded_pods: tuple[str, ...] = ()  # their pod ids
 
 
+def measured_slots(beats: Iterable[registry.PodHeartbeat]) -> int | None:
+    """What the pool's serving pods measured for themselves (``slotsPerPod: auto``): the
+    most. Other work on a pod's machine only ever slows its measurement (a pod that
+    measured while another did finds fewer), and each pod serves what it measured
+    itself, so no pod is given more than it holds; ``status.slots`` shows the sum."""
+    serving = [beat.total_slots for beat in beats if not beat.draining and beat.total_slots]
+    return max(serving) if serving else None
+
+
 def summarise(beats: Iterable[registry.PodHeartbeat]) -> Usage:
     beats = list(beats)
     serving = [beat for beat in beats if not beat.draining]

@@ -40,6 +40,12 @@ def _checked(raw: Any, source: str) -> Capacity:
     if not isinstance(raw, dict):
         raise scenarios.PlanError(f"{source}: expected a JSON object with streams_per_gpu")
     streams, model = raw.get("streams_per_gpu"), raw.get("model")
+    if streams == 0 and not isinstance(streams, bool):  # measured: not one in real time
+        device = raw.get("device_name") or raw.get("device") or "its device"
+        raise scenarios.PlanError(
+            f"{source}: {model} kept no stream in real time on {device} (streams_per_gpu 0):"
+            " nothing to plan with; measure it on a GPU (asrpool bench capacity), or give"
+            " --slots-per-pod")
     if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
         raise scenarios.PlanError(
             f"{source}: streams_per_gpu must be an integer of at least 1, got {streams!r}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import fastapi
@@ -26,7 +26,7 @@ def build_deps(config: settings.ServerSettings) -> pods.Deps:
     if config.paced_engine is not None:
         pacing.read_profile(config.paced_engine)
     return pods.Deps(
-        engine_factory=lambda: _build_engine(config),
+        engine_factory=engine_factory(config),
         redis=_connect_redis(config),
         keys=auth.load_keys(config.api_keys_file) if config.api_keys_file else None,
     )
@@ -39,8 +39,9 @@ def _connect_redis(config: settings.ServerSettings) -> aioredis.Redis | None:
                                  password=config.redis_password_value())
 
 
-def _build_engine(config: settings.ServerSettings) -> stepping.Engine:
-    return enginechild.build_engine(enginechild.EngineSpec.of(config))
+def engine_factory(config: settings.ServerSettings) -> Callable[[], stepping.Engine]:
+    """Builds the engine the settings name (at their batch size, once it is known)."""
+    return lambda: enginechild.build_engine(enginechild.EngineSpec.of(config))
 
 
 def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.FastAPI:

@@ -45,8 +45,8 @@ from asrpool.common import logs
 from asrpool.server import engine_loop, slots
 
 if TYPE_CHECKING:
+    from asrpool.server import models, stepping
     from asrpool.server import settings as settings_mod
-    from asrpool.server import stepping
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class EngineSpec:
     @classmethod
     def of(cls, config: settings_mod.ServerSettings) -> EngineSpec:
         paced = None if config.paced_engine is None else str(config.paced_engine)
-        return cls(config.model, config.batch_size, config.device, config.dtype,
+        return cls(config.model, config.slots, config.device, config.dtype,
                    config.context, config.model_revision, config.torch_threads, paced)
 
 
@@ -80,15 +80,21 @@ def build_engine(spec: EngineSpec) -> stepping.Engine:
         from asrpool.server import pacing  # no torch: a paced pod never loads it
 
         return pacing.build(spec.paced_engine, spec.batch_size)
+    from asrpool.server import engine  # torch is imported only when the pod starts
+
+    return engine.BatchedEngine(load_model(spec), spec.batch_size)
+
+
+def load_model(spec: EngineSpec) -> models.LoadedModel:
+    """The model ``spec`` names, on its device, in its dtype, with its torch threads."""
     import torch
 
-    from asrpool.server import engine, models  # torch is imported only when the pod starts
+    from asrpool.server import models
 
     if spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
     dtype = models.resolve_dtype(spec.dtype, spec.device)
-    model = models.load_model(spec.model, spec.device, dtype, spec.context, spec.revision)
-    return engine.BatchedEngine(model, spec.batch_size)
+    return models.load_model(spec.model, spec.device, dtype, spec.context, spec.revision)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,10 @@ class ServerMetrics:
         self.overloaded = prom.Gauge(
             "asr_overloaded", "1 while the pod is behind real time and admits no new stream "
             "(serve --overload-seconds)", registry=r)
+        self.auto_step = prom.Gauge(
+            "asr_auto_batch_step_p99_seconds",
+            "With --batch-size auto: the p99 step the pod measured at start-up for the "
+            "slots it serves (absent otherwise)", registry=r)
         self.shed = prom.Counter(
             "asr_shed_streams", "Streams ended (Error overloaded) because the pod fell too "
             "far behind real time (serve --shed-seconds)", registry=r)

@@ -35,7 +35,7 @@ from asrpool.server import (
 )
 
 if TYPE_CHECKING:
-    from asrpool.server import pacing
+    from asrpool.server import pacing, sizing
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class Deps:
     engine_factory: engine_loop.EngineFactory
     redis: aioredis.Redis | None = None
     keys: auth.KeyRing | None = None
+    sizing: sizing.Sizing | None = None  # how --batch-size auto chose the pod's slots
 
 
 class Pod:
@@ -85,6 +86,8 @@ class Pod:
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.slots_total.set(config.slots)
         self.metrics.slots_free.set(config.slots)
+        if deps.sizing is not None:
+            self.metrics.auto_step.set(deps.sizing.step_p99_ms / 1e3)
 
     # Life cycle.
 
@@ -249,6 +252,8 @@ class Pod:
                   "used_slots": str(self.sessions.used), "total_slots": str(self.sessions.total),
                   "model": self.model_id, "draining": str(self.state is State.DRAINING).lower(),
                   "overloaded": str(self.realtime.overloaded).lower()}
+        if self.deps.sizing is not None:
+            module["auto_batch_size"] = self.deps.sizing.describe()
         return [module if self.pace is None else module | {"paced": self.pace.label}]
 
     def beat(self) -> registry.PodHeartbeat:
@@ -271,11 +276,16 @@ class Pod:
             self.state = State.READY
             heap.freeze_startup_objects()  # the model is loaded and warm: see common.heap
         self._heartbeat_wake.set()
-        logger.info("ready: model %s, %d slots, streaming state %.1f MiB, the engine in %s, "
-                    "GIL switch %g ms", _model_of(ready), self.sessions.total,
+        logger.info("ready: model %s, %s, streaming state %.1f MiB, the engine in %s, "
+                    "GIL switch %g ms", _model_of(ready), self._slots_said(),
                     ready.state_nbytes / 2**20,
                     "a child process" if self.settings.in_engine_process else "a thread",
                     sys.getswitchinterval() * 1e3)
+
+    def _slots_said(self) -> str:
+        sized = self.deps.sizing
+        auto = "" if sized is None else f" (--batch-size auto: {sized.describe()})"
+        return f"{self.sessions.total} slots{auto}"
 
     def _on_failure(self, exc: BaseException) -> None:
         logger.error("engine failed: %s", exc)

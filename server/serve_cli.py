@@ -59,6 +59,12 @@ def _serve(prepared: tuple[settings.ServerSettings, pods.Deps]) -> int:
     config, deps = prepared
     logs.configure(config.log_level)
     switch_gil(config.gil_switch_ms)
+    if config.batch_size == "auto":
+        try:
+            config, deps = sized(config, deps)
+        except Exception as exc:  # too slow, no model, no memory: the pod never serves
+            print(f"asrpool serve: {exc}", file=sys.stderr)
+            return exit_code(exc)
     app = app_mod.create_app(config, deps)
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port,
@@ -79,6 +85,29 @@ def _serve(prepared: tuple[settings.ServerSettings, pods.Deps]) -> int:
         print(f"asrpool serve: {failure}", file=sys.stderr)  # the last line: the pool shows it
         return exit_code(failure)
     return 0
+
+
+def sized(config: settings.ServerSettings, deps: pods.Deps
+          ) -> tuple[settings.ServerSettings, pods.Deps]:
+    """``--batch-size auto``: the engine measured (``sizing``), the settings and the
+    engine's factory at the batch it chose."""
+    import dataclasses
+    import logging
+
+    from asrpool.server import app as app_mod
+    from asrpool.server import enginechild, sizing
+
+    logger = logging.getLogger("asrpool.server.sizing")
+    logger.info("--batch-size auto: measuring the engine (at most %g s, batches up to %d, "
+                "p99 step within %g ms)", config.auto_seconds, config.auto_max_batch,
+                config.auto_step_budget_ms)
+    spec = enginechild.EngineSpec.of(config.model_copy(update={"batch_size": 1}))
+    chosen = sizing.measure(spec, config.auto_step_budget_ms, config.auto_max_batch,
+                            config.auto_seconds)
+    logger.info("--batch-size auto: %s", chosen.describe())
+    config = config.model_copy(update={"batch_size": chosen.slots})
+    return config, dataclasses.replace(deps, engine_factory=app_mod.engine_factory(config),
+                                       sizing=chosen)
 
 
 def switch_gil(interval_ms: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pydantic
 
@@ -23,8 +24,21 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default="tiny", description="tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>")
     model_revision: str | None = pydantic.Field(
         default=None, description="Hugging Face revision of --model (branch, tag or commit)")
-    batch_size: int = pydantic.Field(
-        default=8, ge=1, le=4096, description="stream slots (rows of the batched engine)")
+    batch_size: Annotated[int, pydantic.Field(ge=1, le=4096)] | Literal["auto"] = pydantic.Field(
+        default=8, description="stream slots (rows of the batched engine); auto: the largest "
+        "batch whose step the pod measures within --auto-step-budget-ms at start-up")
+    # --batch-size auto (server.sizing): what the measured step may take of a frame's 80
+    # ms (the rest is the host's: hand-over, intake, delivery), the largest batch tried,
+    # and how long the search may take.
+    auto_step_budget_ms: float = pydantic.Field(
+        default=64.0, gt=0, le=80, description="with --batch-size auto: the p99 step "
+        "(every slot busy) that the chosen batch keeps within")
+    auto_max_batch: int = pydantic.Field(
+        default=1024, ge=1, le=4096, description="with --batch-size auto: the largest batch "
+        "tried")
+    auto_seconds: float = pydantic.Field(
+        default=60.0, gt=0, description="with --batch-size auto: how long the search may "
+        "take (the largest batch within budget by then is served)")
     context: int | None = pydantic.Field(
         default=None, ge=1, description="rolling KV cache length in steps (default: the model's)")
     device: str = pydantic.Field(default="cpu", description="torch device (cpu, cuda, cuda:1)")
@@ -178,6 +192,14 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         if self.engine_process is not None:
             return self.engine_process
         return self.device.startswith("cuda") or self.paced_engine is not None
+
+    @property
+    def slots(self) -> int:
+        """The batch size, once known: ``--batch-size auto`` is measured before the pod
+        is built (``sizing``, ``serve``), which then gets settings with the number."""
+        if self.batch_size == "auto":
+            raise ValueError("--batch-size auto is measured before the pod starts")
+        return self.batch_size
 
     @property
     def max_buffer_samples(self) -> int:

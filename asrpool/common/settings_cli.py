@@ -36,7 +36,7 @@ import types
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     import pydantic_settings
@@ -160,9 +160,28 @@ def _typing(name: str, field: fields.FieldInfo) -> dict[str, Any]:
         return {"type": type(choices[0]), "choices": choices}
     if kind in _METAVARS:
         return {"type": kind, "metavar": _METAVARS[kind]}
+    words = _number_or_words(kind)
+    if words:  # pydantic reads the text: a number, or one of the words
+        return {"type": str, "metavar": "|".join(["N", *words])}
     raise TypeError(f"settings field {name!r} of type {field.annotation!r} has no flag type:"
                     " add its flag as the command's own, or mark it"
                     " json_schema_extra={'cli': False}")
+
+
+def _number_or_words(annotation: Any) -> list[str]:
+    """The words of ``int | Literal[...]`` (an int constrained with ``Annotated`` too);
+    none for any other type."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return []
+    numbers: list[Any] = []
+    words: list[str] = []
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is Literal:
+            words.extend(str(word) for word in typing.get_args(arg))
+        else:
+            numbers.append(typing.get_args(arg)[0] if typing.get_origin(arg) is Annotated
+                           else arg)
+    return words if numbers == [int] and words else []
 
 
 def _without_none(annotation: Any) -> Any:

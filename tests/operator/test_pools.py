@@ -116,3 +116,23 @@ def test_rollout_and_budget_values_are_pods_or_percentages() -> None:
     _rejects({"rollout": {"maxSurge": "lots"}}, "spec.rollout.maxSurge", "'25%'")
     _rejects({"disruptionBudget": {"maxUnavailable": -1}}, "spec.disruptionBudget.maxUnavailable")
     _rejects({"disruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}}, "not both")
+
+
+def test_slots_per_pod_auto_starts_with_one_pod_then_sizes_from_what_pods_measured() -> None:
+    """Each pod measures its own engine (serve --batch-size auto); the operator sizes
+    the pool from what they measured, one pod first, the template the same throughout."""
+    first = pools.from_body(body(slots=1000, slotsPerPod="auto"))
+    assert (first.auto_slots, first.slots_per_pod, first.pods) == (True, 1000, 1)
+    sized = pools.from_body(body(slots=1000, slotsPerPod="auto"), measured_slots=256)
+    assert (sized.slots_per_pod, sized.pods) == (256, 4)
+    config = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0")
+    envs = [children.server_environment(pool, config)["ASRPOOL_BATCH_SIZE"]
+            for pool in (first, sized)]
+    assert envs == ["auto", "auto"]
+    pinned = pools.from_body(body(slots=16, slotsPerPod=8), measured_slots=256)
+    assert (pinned.auto_slots, pinned.slots_per_pod) == (False, 8)
+    assert children.server_environment(pinned, config)["ASRPOOL_BATCH_SIZE"] == "8"
+
+
+def test_slots_per_pod_is_a_number_or_auto() -> None:
+    _rejects({"slotsPerPod": "many"}, "spec.slotsPerPod must be an integer or auto, got 'many'")

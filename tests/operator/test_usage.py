@@ -54,3 +54,11 @@ def test_members_are_the_pods_with_an_ip() -> None:
             {"metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "t"},
              "status": {"podIP": "10.0.0.3"}}]
     assert usage.members(pods) == {"ns/a": "10.0.0.1", "ns/c": "10.0.0.3"}
+
+
+def test_the_slots_pods_measured_are_the_most_a_serving_pod_reports() -> None:
+    beats = [registry.PodHeartbeat("a", "p", "10.0.0.1:1", 256, 256, False, "m"),
+             registry.PodHeartbeat("b", "p", "10.0.0.2:1", 192, 100, False, "m"),
+             registry.PodHeartbeat("c", "p", "10.0.0.3:1", 64, 64, True, "m")]  # draining
+    assert usage.measured_slots(beats) == 256
+    assert usage.measured_slots(beats[2:]) is None

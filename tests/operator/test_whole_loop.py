@@ -114,3 +114,26 @@ async def test_scale_down_removes_the_idle_pod_and_keeps_the_stream(
     assert [m for m in transcript if m["type"] == "Error"] == []
     assert (transcript[-1]["type"], transcript[-1]["id"]) == ("Marker", 0)
     await eventually(lambda: serving(1, 1), WAIT)
+
+
+async def test_pods_that_measure_their_engine_size_the_pool(
+    cluster: emulator.Cluster, operator: KopfRunner, pods: kubelet.Kubelet,
+) -> None:
+    """``slotsPerPod: auto``: one pod first; it measures its engine (batches up to 2 here,
+    as the pool's env asks) and serves 2 slots; the operator then sizes the pool from
+    that: 4 slots are two such pods, with the same template. One torch thread and the
+    whole frame for a budget: a busy test machine must not make a tiny step miss it."""
+    env = {"ASRPOOL_AUTO_MAX_BATCH": "2", "ASRPOOL_TORCH_THREADS": "1",
+           "ASRPOOL_AUTO_STEP_BUDGET_MS": "80"}
+    await cluster.create(checks.manifest(
+        slots=4, slotsPerPod="auto", model={"name": "tiny"}, resources={"gpus": 0},
+        env=[{"name": name, "value": value} for name, value in env.items()]))
+
+    def sized() -> None:
+        status = checks.pool_status(cluster)
+        assert (status.get("slotsPerPod"), status.get("slotsPerPodFrom")) == (2, "measured")
+        assert checks.replicas(cluster) == 2
+        # Both serve what each measured: 2, or 1 where the machine was busy meanwhile.
+        assert 3 <= status.get("slots", 0) <= 4 and len(pods.running) == 2, status
+
+    await eventually(sized, STARTUP * 2)

@@ -93,7 +93,8 @@ def test_a_missing_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("body", "expected"), [
-    ({"streams_per_gpu": 0, "model": "m"}, "streams_per_gpu must be an integer of at least 1"),
+    ({"streams_per_gpu": 0, "model": "m"}, "m kept no stream in real time on its device"),
+    ({"streams_per_gpu": -1, "model": "m"}, "streams_per_gpu must be an integer of at least 1"),
     ({"streams_per_gpu": "64", "model": "m"}, "streams_per_gpu must be an integer"),
     ({"streams_per_gpu": 64}, "model must be a non-empty string"),
     ([64], "expected a JSON object"),
@@ -127,7 +128,7 @@ def test_the_newest_result_of_the_model_asked_for_is_found_past_others_that_foun
     os.utime(older, (1, 1))
     found = capacities.newest("stt-1b-en_fr", tmp_path)
     assert found is not None and found.streams_per_gpu == 768
-    with pytest.raises(scenarios.PlanError, match="streams_per_gpu must be an integer"):
+    with pytest.raises(scenarios.PlanError, match="small kept no stream in real time"):
         capacities.newest(None, tmp_path)  # the newest of all is read, and refused
     assert capacities.newest("stt-2.6b-en", tmp_path) is None
 
