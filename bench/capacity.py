@@ -62,7 +62,7 @@ import torch
 from moshi.utils import compile as moshi_compile
 
 from asrpool.bench import devices, intake, sockets
-from asrpool.server import engine, engine_loop, models, sessions, slots
+from asrpool.server import engine, engine_loop, models, sessions, sizing, slots
 
 FRAME_MS = 80.0
 DEFAULT_INPUT = "pcm-80ms"
@@ -117,14 +117,7 @@ def main(argv: list[str]) -> int:
 # The search: pure, so it is tested with fake trials.
 
 
-def next_batch(largest_pass: int, smallest_fail: int | None, max_batch: int,
-               resolution: float) -> int | None:
-    """The next batch to try, or None when the capacity is known closely enough."""
-    if smallest_fail is None:
-        return None if largest_pass >= max_batch else min(2 * largest_pass, max_batch)
-    if smallest_fail - largest_pass <= max(1, int(largest_pass * resolution)):
-        return None
-    return (largest_pass + smallest_fail) // 2
+next_batch = sizing.next_batch  # the pod's own search (serve --batch-size auto) and this one
 
 
 @dataclasses.dataclass
@@ -359,7 +352,7 @@ class MemoryProbe:
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free)
-        return _mem_available()
+        return sizing.memory_available(self.device)
 
     def total(self) -> int | None:
         return int(torch.cuda.mem_get_info(self.device)[1]) if self.cuda else None
@@ -395,19 +388,7 @@ class MemoryProbe:
             torch.cuda.empty_cache()
 
 
-def _mem_available() -> int:
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        lines = Path("/proc/meminfo").read_text().splitlines()
-        line = next(s for s in lines if s.startswith("MemAvailable:"))
-        return int(line.split()[1]) * 1024
-    return 2**62  # unknown: let the allocator be the judge
-
-
-def state_bytes_per_slot(model: models.LoadedModel) -> int:
-    """The streaming state of one slot, measured on a batch-1 engine."""
-    with engine.BatchedEngine(model, 1) as probe:
-        return probe.state_nbytes()
-
+state_bytes_per_slot = sizing.state_bytes_per_slot
 
 # Wiring: arguments to a result.
 

@@ -80,9 +80,11 @@ def build_engine(spec: EngineSpec) -> stepping.Engine:
         from asrpool.server import pacing  # no torch: a paced pod never loads it
 
         return pacing.build(spec.paced_engine, spec.batch_size)
-    from asrpool.server import engine  # torch is imported only when the pod starts
+    from asrpool.server import engine, sizing  # torch is imported only when the pod starts
 
-    return engine.BatchedEngine(load_model(spec), spec.batch_size)
+    model = load_model(spec)
+    sizing.check_fits(model, spec.batch_size)
+    return engine.BatchedEngine(model, spec.batch_size)
 
 
 def load_model(spec: EngineSpec) -> models.LoadedModel:

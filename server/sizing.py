@@ -24,12 +24,14 @@ measured step and the budget, and the pod exits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent import futures
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,7 +39,9 @@ import numpy as np
 from asrpool.common import protocol
 
 if TYPE_CHECKING:
-    from asrpool.server import enginechild, stepping
+    import torch
+
+    from asrpool.server import enginechild, models, stepping
 
 FRAME_MS = 1000 * protocol.FRAME_SIZE / protocol.SAMPLE_RATE
 RESOLUTION = 1 / 16  # the search stops when the gap is this part of the batch that passed
@@ -48,6 +52,10 @@ RETRIES = 2
 
 class TooSlow(RuntimeError):
     """Even one slot's step misses the budget: this device cannot serve the model."""
+
+
+class DoesNotFit(RuntimeError):
+    """A pinned batch's streaming state is more than the device's free memory."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,3 +202,48 @@ def step_times_ms(probe: stepping.Engine) -> tuple[float, float]:
         times.append((time.perf_counter() - started) * 1e3)
     times.sort()
     return times[len(times) // 2], times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+
+
+def check_fits(model: models.LoadedModel, batch_size: int,
+               available: int | None = None) -> None:
+    """Refuse a batch whose streaming state alone is more than the device's free memory
+    (``available`` bytes; by default what the device says), with both figures, before
+    any of it is allocated."""
+    per_slot = state_bytes_per_slot(model)
+    have = memory_available(model.device) if available is None else available
+    need = per_slot * batch_size
+    if need <= have:
+        return
+    where = "the GPU" if model.device.type == "cuda" else "the machine"
+    raise DoesNotFit(
+        f"--batch-size {batch_size} needs {_size(need)} of streaming state ({_size(per_slot)} "
+        f"a slot), over the {_size(have)} {where} has free: at most {have // per_slot} slots "
+        "fit (--batch-size auto measures how many also keep real time)")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def state_bytes_per_slot(model: models.LoadedModel) -> int:
+    """The streaming state of one slot, measured on a batch-1 engine."""
+    from asrpool.server import engine
+
+    with engine.BatchedEngine(model, 1) as probe:
+        return probe.state_nbytes()
+
+
+def memory_available(device: torch.device) -> int:
+    """Bytes free on a GPU, or the machine's available memory (``MemAvailable``)."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        line = next(text for text in lines if text.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return 2**62  # unknown: let the allocator be the judge

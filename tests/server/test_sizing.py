@@ -105,3 +105,18 @@ def test_a_paced_pod_with_auto_reads_its_file(tmp_path: Path) -> None:
     with servers.ServerProcess(tmp_path, args=args) as server:
         server.wait_ready()
         assert server.modules_info()["total_slots"] == 16
+
+
+def test_a_pinned_batch_whose_state_is_more_than_the_free_memory_is_refused_with_both() -> None:
+    from asrpool.server import models
+
+    model = models.load_model("tiny")
+    per_slot = sizing.state_bytes_per_slot(model)
+    sizing.check_fits(model, 100, available=100 * per_slot)  # it fits exactly
+    with pytest.raises(sizing.DoesNotFit) as refused:
+        sizing.check_fits(model, 100, available=40 * per_slot + 7)
+    kib = per_slot / 1024
+    assert str(refused.value).startswith(
+        f"--batch-size 100 needs {100 * kib / 1024:.1f} MiB of streaming state ({kib:.1f} KiB "
+        f"a slot), over the {40 * kib / 1024:.1f} MiB the machine has free: at most 40 slots")
+    assert sizing.memory_available(model.device) > 0
