@@ -17,6 +17,24 @@ from asrpool.server import decoding
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
 
+MAX_BATCH_SIZE = 4096
+
+
+def _slots_or_auto(value: object) -> int | Literal["auto"]:
+    """``--batch-size``: a whole number of slots, or ``auto`` (one message for both)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_SIZE:
+        raise ValueError(f"must be a whole number from 1 to {MAX_BATCH_SIZE}, or auto; got "
+                         f"{value!r}")
+    return value
+
+
+SlotsOrAuto = Annotated[int | Literal["auto"], pydantic.PlainValidator(_slots_or_auto)]
+
+
 class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
                      limits.StreamSettings):
     # The model and its engine.
@@ -24,7 +42,7 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default="tiny", description="tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>")
     model_revision: str | None = pydantic.Field(
         default=None, description="Hugging Face revision of --model (branch, tag or commit)")
-    batch_size: Annotated[int, pydantic.Field(ge=1, le=4096)] | Literal["auto"] = pydantic.Field(
+    batch_size: SlotsOrAuto = pydantic.Field(
         default=8, description="stream slots (rows of the batched engine); auto: the largest "
         "batch whose step the pod measures within --auto-step-budget-ms at start-up")
     # --batch-size auto (server.sizing): what the measured step may take of a frame's 80
