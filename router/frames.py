@@ -4,12 +4,14 @@ The relay passes bytes through unchanged; a :class:`Scanner` per direction reads
 only frame headers, so that the router still knows where frames begin and end. It
 returns the bytes to pass on, with the control frames the router answers itself cut
 out; holds back a header split over two reads until it is whole; counts data
-messages; and on the client's direction enforces the message-size limit from each
-header, before the payload arrives (a fragmented message's fragments counted together:
-the fragment that takes it over the limit is refused, and :attr:`Scanner.fragmented`
-then says that fragments before it were passed), and the framing rules a server must
-check (masking, no RSV bits since no extension is negotiated, known opcodes, whole
-small control frames, continuations only inside a fragmented message).
+messages; and on both directions enforces the message-size limit from each header,
+before the payload arrives (a fragmented message's fragments counted together: the
+fragment that takes it over the limit is refused, and :attr:`Scanner.fragmented` then
+says that fragments before it were passed), and the framing rules (masked from a
+client, unmasked from a pod, no RSV bits since no extension is negotiated, known
+opcodes, whole small control frames, continuations only inside a fragmented message).
+A pod is held to them as a client is: a hostile or broken pod that declares a huge
+frame is refused from its header, and never makes the router buffer it.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class Scanner:
             if got is None:
                 break
             first, opcode, head, size, masked = got
-            fault = self._check(first, opcode, size, masked) if self.from_client else Fault.NONE
+            fault = self._check(first, opcode, size, masked)
             if fault is not Fault.NONE:
                 pieces.append(data[start:pos])
                 return Scan(b"".join(pieces), tuple(controls), fault, self.message + size,
@@ -171,9 +173,10 @@ class Scanner:
         self.messages += fin
 
     def _check(self, first: int, opcode: int, size: int, masked: int) -> Fault:
-        """What a server must refuse in a client's frame (the client's direction only)."""
+        """What must be refused in a frame: a client's frames are masked, a server's
+        are not (RFC 6455 5.1); the rest holds both ways."""
         fin = first & 0x80
-        if first & 0x70 or opcode not in _OPCODES or not masked:
+        if first & 0x70 or opcode not in _OPCODES or bool(masked) != self.from_client:
             return Fault.PROTOCOL
         if opcode >= CLOSE:
             return Fault.PROTOCOL if not fin or size > 125 else Fault.NONE

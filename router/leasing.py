@@ -93,6 +93,7 @@ async def watch_pools(client: aioredis.Redis, meters: metrics.Metrics, period: f
         else:
             for pool, body in snapshot["pools"].items():
                 meters.free_slots.labels(pool).set(body["free_slots"])
+                meters.malformed_heartbeats.labels(pool).set(len(body["malformed_heartbeats"]))
         await asyncio.sleep(period)
 
 

@@ -5,6 +5,11 @@ it and checks the 101: no extension is offered, so frames pass through unchanged
 and reads the pod's first frame. From then on the :class:`PodLink` is a plain asyncio
 protocol: whatever the pod sends goes to its ``sink`` (the relay) as bytes, with any
 bytes that came in behind the first frame handed over first.
+
+The first frame is held to what the relay holds every later one to (``frames``): a
+binary message within the size limit, unmasked, judged from its header before its
+payload is read, in a buffer that grows in place; a hostile pod that declares a huge
+frame is refused at once and costs the router nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class PodLink(asyncio.Protocol):
         self.response: Response | None = None
         self.first: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.lost = asyncio.get_running_loop().create_future()  # set with the exception
-        self.buffer = b""
+        self.max_bytes = max_bytes
+        self.buffer = bytearray()
         self.sink: Callable[[bytes], None] | None = None
         self.transport: asyncio.Transport | None = None
         self.on_lost: Callable[[], None] | None = None
@@ -96,7 +102,8 @@ class PodLink(asyncio.Protocol):
             if len(self.buffer) > 65536:
                 self._fail("response headers too long")
             return
-        head, self.buffer = self.buffer[: end + 4], self.buffer[end + 4 :]
+        head = bytes(self.buffer[: end + 4])
+        del self.buffer[: end + 4]
         self.handshake.receive_data(head)
         events = self.handshake.events_received()
         if self.handshake.handshake_exc is not None or not events:
@@ -107,13 +114,17 @@ class PodLink(asyncio.Protocol):
 
     def _read_first_frame(self) -> None:
         got = frames.header(self.buffer)
-        if got is None or len(self.buffer) < got[2] + got[3]:
+        if got is None:
             return
-        _, opcode, head, size, _ = got
-        if opcode != frames.BINARY:
-            self._fail(f"first frame has opcode {opcode}")
+        first, opcode, head, size, masked = got
+        refused = _first_frame_fault(first, opcode, size, masked, self.max_bytes)
+        if refused:
+            self._fail(refused)
             return
-        payload, self.buffer = self.buffer[head : head + size], self.buffer[head + size :]
+        if len(self.buffer) < head + size:
+            return
+        payload = bytes(self.buffer[head : head + size])
+        del self.buffer[: head + size]
         assert self.transport is not None
         self.transport.pause_reading()  # until the relay takes over
         self.first.set_result(payload)
@@ -128,7 +139,7 @@ class PodLink(asyncio.Protocol):
     def attach(self, sink: Callable[[bytes], None]) -> None:
         """Send everything the pod sends from now on (and what came early) to ``sink``."""
         self.sink = sink
-        early, self.buffer = self.buffer, b""
+        early, self.buffer = bytes(self.buffer), bytearray()
         if early:
             sink(early)
         if self.transport is not None and not self.transport.is_closing():
@@ -165,6 +176,18 @@ class PodLink(asyncio.Protocol):
             self.abort()
             return False
         return True
+
+
+def _first_frame_fault(first: int, opcode: int, size: int, masked: int,
+                       max_bytes: int) -> str:
+    """Why a pod's first frame (``Ready`` or an ``Error``) is refused, from its header."""
+    if opcode != frames.BINARY or first & 0x70 or not first & 0x80:
+        return f"first frame is not one whole binary message (header byte {first:#04x})"
+    if masked:
+        return "first frame is masked (no server masks its frames)"
+    if size > max_bytes:
+        return f"first frame declares {size} bytes, over the {max_bytes}-byte limit"
+    return ""
 
 
 def _discard(_: bytes) -> None:

@@ -41,6 +41,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
+        self.malformed_heartbeats = prometheus_client.Gauge(
+            "asrpool_router_malformed_heartbeats",
+            "Pod records in the pool's registry that are no heartbeat (a forged or broken "
+            "field): skipped, no pod to admission (/api/pools names them)",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
         self.admission_seconds = prometheus_client.Histogram(
             "asrpool_router_admission_seconds",
             "Time from upgrade to the pod's Ready",

@@ -57,6 +57,14 @@ class _ClientSide(asyncio.Protocol):
         self.relay.read_pod(True)
 
 
+def bad_frame(scan: frames.Scan, max_bytes: int) -> str:
+    """What a pod sent that no pod may: the link is dropped, the stream told pod_lost."""
+    if scan.fault is frames.Fault.TOO_LARGE:
+        return f"the pod sent a message of {scan.size} bytes, over the {max_bytes}-byte limit"
+    return "the pod sent a frame no server may send (masked, reserved bits or opcode, or a " \
+        "control frame over 125 bytes)"
+
+
 class Relay:
     def __init__(
         self,
@@ -218,6 +226,8 @@ class Relay:
             elif control.opcode == frames.CLOSE:
                 self.end(proxying.PodClosed(*frames.close_code(control.payload)))
                 return
+        if scan.fault is not frames.Fault.NONE:  # refused from its header: never buffered
+            self.end(proxying.PodLost(bad_frame(scan, self.max_bytes)))
 
     def client_stalled(self, stalled: bool) -> None:
         """The deadline on sends to the client: armed while its write buffer is over

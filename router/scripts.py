@@ -206,6 +206,8 @@ local function load(pod_id, hash, sessions)
   local h = redis.call('HMGET', hash, 'total_slots', 'free_slots', 'draining', 'address',
                        'overloaded')
   if not h[1] or not h[2] or not h[4] then return nil end
+  -- a record that is no heartbeat (a forged or broken field) is no pod
+  if not tonumber(h[1]) or not tonumber(h[2]) then return nil end
   local total = tonumber(h[1])
   redis.call('ZREMRANGEBYSCORE', sessions, '-inf', now)
   local used = math.max(total - tonumber(h[2]), redis.call('ZCARD', sessions))

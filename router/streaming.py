@@ -251,7 +251,8 @@ async def finish(
     deps: wiring.Deps,
 ) -> None:
     """Tell each side what the other did, then settle the session in Redis."""
-    log.info("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
+    said = log.warning if isinstance(end, proxying.PodLost) else log.info
+    said("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
     detach = proxying.detaches(end, protocol.resumable(ws.headers))
     abort = detach or isinstance(end, proxying.PodLost)
     if abort:

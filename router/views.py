@@ -49,8 +49,9 @@ async def read_pod(redis: aioredis.Redis, beat: registry.PodHeartbeat, now_ms: i
     return PodView(beat, live)
 
 
-async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodView]:
-    beats = await registry.read_pool(redis, pool)
+async def read_pool(redis: aioredis.Redis, pool: str,
+                    malformed: list[str] | None = None) -> list[PodView]:
+    beats = await registry.read_pool(redis, pool, malformed)
     now = await registry.redis_now_ms(redis)  # the clock the sessions' scores are set by
     return [await read_pod(redis, beat, now) for beat in beats]
 
@@ -77,7 +78,8 @@ async def pools_json(redis: aioredis.Redis, pricing: Pricing | None = None) -> d
     pricing = pricing or Pricing(None)
     out = {}
     for pool in await registry.read_pools(redis):
-        pods = await read_pool(redis, pool)
+        malformed: list[str] = []
+        pods = await read_pool(redis, pool, malformed)
         loads = [p.load for p in pods]
         streams = sum(p.beat.used_slots for p in pods)
         out[pool] = {
@@ -87,6 +89,8 @@ async def pools_json(redis: aioredis.Redis, pricing: Pricing | None = None) -> d
             "waiting": await redis.zcard(keys.pool_queue(pool)),
             "cost": cost(pricing, len(pods), streams),
             "pods": [p.to_json() for p in pods],
+            # Records that are no heartbeat (pod id and why): no pod to any router.
+            "malformed_heartbeats": malformed,
         }
     return {"pools": out}
 

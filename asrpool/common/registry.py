@@ -173,6 +173,14 @@ return 1
 """
 
 
+class MalformedHeartbeat(ValueError):
+    """A pod's record that is not a heartbeat (a field missing, or not a number where
+    one is due): skipped by every reader, never taken for a pod."""
+
+
+_MAX_SLOTS = 1 << 20  # no pod has more; a larger figure is a forged or broken record
+
+
 @dataclasses.dataclass(frozen=True)
 class PodHeartbeat:
     """What a server pod tells the platform about itself."""
@@ -199,18 +207,31 @@ class PodHeartbeat:
 
     @classmethod
     def from_hash(cls, raw: dict[Any, Any]) -> PodHeartbeat:
+        """Raises :class:`MalformedHeartbeat`, naming the field."""
         fields = {as_text(k): as_text(v) for k, v in raw.items()}
+        missing = [name for name in ("pod_id", "pool", "address", "total_slots",
+                                     "free_slots", "draining") if name not in fields]
+        if missing:
+            raise MalformedHeartbeat(f"no {', '.join(missing)}")
+        total = _count(fields, "total_slots", _MAX_SLOTS)
         return cls(
             pod_id=fields["pod_id"],
             pool=fields["pool"],
             address=fields["address"],
-            total_slots=int(fields["total_slots"]),
-            free_slots=int(fields["free_slots"]),
+            total_slots=total,
+            free_slots=_count(fields, "free_slots", total),
             draining=fields["draining"] == "1",
             model=fields.get("model", ""),
             overloaded=fields.get("overloaded", "0") == "1",
-            updated_ms=int(fields.get("updated_ms", "0")),
+            updated_ms=_count(fields, "updated_ms", 1 << 62, "0"),
         )
+
+
+def _count(fields: dict[str, str], name: str, most: int, default: str | None = None) -> int:
+    text = fields.get(name, default)
+    if text is None or not text.isascii() or not text.isdigit() or int(text) > most:
+        raise MalformedHeartbeat(f"{name}={text!r} is not a count from 0 to {most}")
+    return int(text)
 
 
 def as_text(value: Any) -> str:
@@ -268,14 +289,21 @@ async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str, instance: st
     return bool(await script(keys=keys, args=[instance, pod_id]))
 
 
-async def read_pool(redis: aioredis.Redis, pool: str) -> list[PodHeartbeat]:
-    """The live pods of a pool (lease not expired), dropping dead members on the way."""
+async def read_pool(redis: aioredis.Redis, pool: str,
+                    malformed: list[str] | None = None) -> list[PodHeartbeat]:
+    """The live pods of a pool (lease not expired), dropping dead members on the way. A
+    record that is no heartbeat is skipped (said in ``malformed``: pod id and why)."""
     await redis.zremrangebyscore(pool_pods_key(pool), "-inf", await redis_now_ms(redis))
     beats = []
     for pod_id in await listed_pods(redis, pool):
         raw = await redis.hgetall(pod_key(pool, pod_id))
-        if raw:
+        if not raw:
+            continue
+        try:
             beats.append(PodHeartbeat.from_hash(raw))
+        except MalformedHeartbeat as exc:
+            if malformed is not None:
+                malformed.append(f"{pod_id}: {exc}")
     return beats
 
 

@@ -96,6 +96,26 @@ def test_redis_admits_the_router_the_operator_and_server_pods() -> None:
         assert any(selects(peer["podSelector"], labels) for peer in peers)
 
 
+@pytest.mark.parametrize(("values", "namespaces"), [
+    ({}, [rendering.NAMESPACE]),
+    ({"pools": {"namespaces": ["speech", "other"]}}, [rendering.NAMESPACE, "speech", "other"]),
+])
+def test_redis_admits_server_pods_of_the_pool_namespaces_by_name(
+        values: dict[str, Any], namespaces: list[str]) -> None:
+    """By the name the API server sets, not by labels a pod in any namespace may copy;
+    watching every namespace, of any."""
+    policy = rendering.one(rendering.render(values), "NetworkPolicy", "demo-asrpool-redis")
+    (server_peer,) = [peer for peer in policy["spec"]["ingress"][0]["from"]
+                      if "namespaceSelector" in peer]
+    assert server_peer["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}
+    everywhere = rendering.render({"operator": {"allNamespaces": True}})
+    policy = rendering.one(everywhere, "NetworkPolicy", "demo-asrpool-redis")
+    assert {"namespaceSelector": {}} in [
+        {k: v for k, v in peer.items() if k == "namespaceSelector"}
+        for peer in policy["spec"]["ingress"][0]["from"]]
+
+
 def test_the_server_service_monitor_picks_the_operators_services_and_labels_the_pool() -> None:
     manifests = rendering.render(SCENARIOS["monitoring"])
     monitor = rendering.one(manifests, "ServiceMonitor", "demo-asrpool-server")

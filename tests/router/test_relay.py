@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
+import json
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio import client as ws_client
 
+from asrpool.common import registry
 from asrpool.router import frames, keys
 from tests.router import support
 from tests.support.redis_servers import RedisServer
@@ -33,8 +36,9 @@ Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "FakePod"], Aw
 
 
 class FakePod:
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(self, behaviour: Behaviour, first: bytes = READY) -> None:
         self.behaviour, self.received = behaviour, bytearray()
+        self.first = first  # sent right behind the 101
         self.done = asyncio.Event()
 
     async def start(self) -> int:
@@ -51,7 +55,7 @@ class FakePod:
         accept = base64.b64encode(hashlib.sha1(key.encode() + GUID).digest())
         writer.write(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n" + READY
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n" + self.first
         )
         try:
             await self.behaviour(reader, writer, self)
@@ -77,8 +81,9 @@ def router(
 
 
 
-async def start(redis: aioredis.Redis, pool: str, behaviour: Behaviour) -> FakePod:
-    pod = FakePod(behaviour)
+async def start(redis: aioredis.Redis, pool: str, behaviour: Behaviour,
+                first: bytes = READY) -> FakePod:
+    pod = FakePod(behaviour, first)
     port = await pod.start()
     await support.beat(redis, f"{pool}-pod", total=8, pool=pool, port=port, lease_ms=60_000)
     return pod
@@ -250,3 +255,123 @@ async def test_workers_share_the_port_and_end_with_the_parent(
         code = await asyncio.to_thread(proc.terminate)
     assert code == 0
     assert not [w for w in workers if Path(f"/proc/{w}").exists()]
+
+
+# A binary frame header that declares 2^62 payload bytes (a hostile pod's), unmasked.
+HUGE = bytes([0x82, 127]) + (1 << 62).to_bytes(8, "big")
+
+
+async def _flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: FakePod) -> None:
+    """Stream the declared payload until the router hangs up."""
+    chunk = b"x" * 65536
+    with contextlib.suppress(OSError):
+        for _ in range(2000):  # 128 MiB at most
+            writer.write(chunk)
+            await writer.drain()
+
+
+async def _healthy_while(router: support.RouterProcess, redis: aioredis.Redis, pool: str,
+                         attack: Awaitable[None]) -> None:
+    """A stream on the same router answers while ``attack`` runs, and after."""
+    healthy_pod = await start(redis, pool, _echo_words)
+    healthy = await connect(router, pool)
+    await healthy.send(AUDIO)
+    assert msgpack.unpackb(await asyncio.wait_for(healthy.recv(), 10))["type"] == "Word"
+    await attack
+    await healthy.send(AUDIO)
+    assert msgpack.unpackb(await asyncio.wait_for(healthy.recv(), 10))["type"] == "Word"
+    await healthy.close()
+    await asyncio.wait_for(healthy_pod.done.wait(), 10)
+
+
+async def test_a_pod_whose_first_frame_declares_a_huge_message_is_refused_from_its_header(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    """Its header is read, refused, and the link dropped: the router buffers none of the
+    flood; the client hears busy (no other pod in that pool), a neighbour streams on."""
+    hostile = await start(redis, "relay-huge-first", _flood, first=HUGE)
+
+    async def attack() -> None:
+        async with ws_client.connect(f"{router.ws_url}?pool=relay-huge-first",
+                                     max_size=None, proxy=None) as ws:
+            error = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))
+        assert (error["type"], error["code"]) == ("Error", "busy")
+        await asyncio.wait_for(hostile.done.wait(), 10)
+
+    await _healthy_while(router, redis, "relay-huge-first-neighbour", attack())
+    assert "first frame declares 4611686018427387904 bytes, over the" in router.log()
+
+
+async def test_a_pod_that_declares_a_huge_frame_mid_stream_is_dropped_as_lost(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    async def huge_after_audio(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                               pod: FakePod) -> None:
+        await reader.read(1)  # the client's first audio
+        writer.write(WORD + HUGE)
+        await _flood(reader, writer, pod)
+
+    hostile = await start(redis, "relay-huge-frame", huge_after_audio)
+
+    async def attack() -> None:
+        ws = await connect(router, "relay-huge-frame")
+        await ws.send(AUDIO)
+        assert msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))["type"] == "Word"
+        error = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))
+        assert (error["type"], error["code"]) == ("Error", "pod_lost")
+        with pytest.raises(websockets.ConnectionClosed) as caught:
+            await asyncio.wait_for(ws.recv(), 10)
+        assert caught.value.rcvd is not None and caught.value.rcvd.code == 1011
+        await asyncio.wait_for(hostile.done.wait(), 10)
+        await slot_freed(redis, "relay-huge-frame")
+
+    await _healthy_while(router, redis, "relay-huge-frame-neighbour", attack())
+    assert "the pod sent a message of 4611686018427387904 bytes, over the" in router.log()
+
+
+async def test_a_pod_that_masks_its_frames_is_dropped_as_lost(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    async def masked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     pod: FakePod) -> None:
+        await reader.read(1)
+        writer.write(frames.frame(frames.BINARY, b"word", mask=b"abcd"))
+        await pod.read_until_eof(reader)
+
+    await start(redis, "relay-masked", masked)
+    ws = await connect(router, "relay-masked")
+    await ws.send(AUDIO)
+    error = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))
+    assert (error["type"], error["code"]) == ("Error", "pod_lost")
+    await slot_freed(redis, "relay-masked")
+    assert "the pod sent a frame no server may send" in router.log()
+
+
+async def test_a_forged_heartbeat_is_skipped_and_counted_never_a_500(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    """A record with ``total_slots=x`` beside a real pod: /api/pools and /api/modules_info
+    answer and name it, admission goes to the real pod, the router's gauge counts it."""
+    pool = "relay-forged"
+    pod = await start(redis, pool, _echo_words)
+    await redis.hset(registry.pod_key(pool, "forged"), mapping={
+        "pod_id": "forged", "pool": pool, "address": "127.0.0.1:1", "total_slots": "x",
+        "free_slots": "8", "draining": "0", "model": "m"})
+    await redis.zadd(registry.pool_pods_key(pool),
+                     {"forged": await registry.redis_now_ms(redis) + 60_000})
+    for path in ("/api/pools", "/api/modules_info"):
+        status, body = support.http_get(router.url + path)
+        assert status == 200, body
+    status, body = support.http_get(router.url + "/api/pools")
+    view = json.loads(body)["pools"][pool]
+    assert [p["pod_id"] for p in view["pods"]] == [f"{pool}-pod"]
+    assert view["malformed_heartbeats"] == [
+        "forged: total_slots='x' is not a count from 0 to 1048576"]
+    ws = await connect(router, pool)  # admitted to the real pod
+    await ws.send(AUDIO)
+    assert msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))["type"] == "Word"
+    await ws.close()
+    await asyncio.wait_for(pod.done.wait(), 10)
+    support.wait_until(
+        lambda: f'asrpool_router_malformed_heartbeats{{pool="{pool}"}} 1.0'
+        in support.http_get(router.url + "/metrics")[1].decode(), 10, "the gauge")
