@@ -41,6 +41,7 @@ from asrpool.router import (
 log = logging.getLogger(__name__)
 
 ANONYMOUS = auth.ApiKey(id="", sha256="")
+FORBIDDEN_POOL = "forbidden_pool"  # rejections{reason}: a key used on a pool it may not use
 
 
 def unauthorized(deps: wiring.Deps) -> responses.Response:
@@ -73,6 +74,13 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
         await _start(ws, pool or deps.config.default_pool, key, conn, deps)
 
 
+async def forbid(ws: starlette_ws.WebSocket, message: str, deps: wiring.Deps) -> None:
+    """HTTP 403 before the upgrade: a key used on a pool it may not use. Nothing is
+    written to Redis: no demand for that pool."""
+    deps.meters.rejections.labels(FORBIDDEN_POOL).inc()
+    await ws.send_denial_response(responses.PlainTextResponse(message, status_code=403))
+
+
 async def throttle(ws: starlette_ws.WebSocket, throttled: rates.Throttled) -> None:
     """HTTP 429 before the upgrade; nothing is written to Redis (no demand for the pool)."""
     await ws.send_denial_response(responses.PlainTextResponse(
@@ -97,6 +105,9 @@ async def _start(
         await refuse(ws, refusals.unknown_pool(asked), deps)
         return
     pool = resolved
+    if not key.allows(pool):
+        await forbid(ws, key.refusal(pool), deps)
+        return
     token = tokens.mint(pool, tokens.new_session_id())
     request = admissions.Request(pool, key.id, key.max_streams or 0, token, conn)
     started = time.perf_counter()
@@ -144,6 +155,9 @@ async def _resume(
     if token is None:
         old = tokens.is_old(text)
         await refuse(ws, refusals.old_resume_token() if old else refusals.bad_resume_token(), deps)
+        return
+    if not key.allows(token.pool):
+        await forbid(ws, key.refusal(token.pool), deps)
         return
     request = admissions.Request(token.pool, key.id, 0, token, conn)
     placed = await _placed_or_unavailable(placing.resume(request, deps), "resume", deps)

@@ -48,6 +48,14 @@ async def transcribe(
     key = streaming.authenticate(request, deps.keyring)
     if key is None:
         return streaming.unauthorized(deps)
+    asked = pool or deps.config.default_pool
+    resolved = poolnames.resolve(asked, deps.config.pool_namespace)
+    if resolved is None:
+        return _refusal(refusals.unknown_pool(asked), deps)
+    pool = resolved
+    if not key.allows(pool):  # before a byte of the body is read
+        deps.meters.rejections.labels(streaming.FORBIDDEN_POOL).inc()
+        return _refused(403, key.refusal(pool))
     try:
         body = await bodies.read_limited(request, deps.config.max_upload_bytes,
                                          deps.config.body_pace)
@@ -55,11 +63,6 @@ async def transcribe(
         return _refused(413, str(exc))
     except bodies.TooSlow as exc:
         return _refused(408, str(exc))
-    asked = pool or deps.config.default_pool
-    resolved = poolnames.resolve(asked, deps.config.pool_namespace)
-    if resolved is None:
-        return _refusal(refusals.unknown_pool(asked), deps)
-    pool = resolved
     token = tokens.mint(pool, tokens.new_session_id())
     ask = admissions.Request(pool, key.id, key.max_streams or 0, token, uuid.uuid4().hex)
     gone = asyncio.ensure_future(bodies.disconnected(request))

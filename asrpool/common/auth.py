@@ -6,6 +6,12 @@ The file (or the Kubernetes Secret mounted as a file) is YAML or JSON::
       - id: team-a                 # shown in metrics and logs, never the key itself
         sha256: 5e884898da28...    # hex SHA-256 of the key
         max_streams: 8             # optional limit of concurrent streams (router)
+        pools: [speech/stt-en, research/*]   # optional: the pools it may use (router)
+
+A key with ``pools`` may use those pools alone (registry names, ``namespace/name``, or
+``namespace/*`` for every pool of a namespace; a bare name where the router has no pool
+namespace); any other pool is refused before the upgrade with HTTP 403 naming the pools
+it may use, and nothing is written to Redis (no demand for a pool it may not use).
 
 Clients send the plain key in the ``kyutai-api-key`` header or the ``auth_id`` query
 parameter, as Kyutai's clients do.
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
     import pydantic
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_POOL = re.compile(r"[a-z0-9][-a-z0-9]*/(\*|[a-z0-9][-a-z0-9.]*)|[a-z0-9][-a-z0-9.]*")
 
 
 class KeyFileError(ValueError):
@@ -38,6 +45,19 @@ class ApiKey:
     id: str
     sha256: str
     max_streams: int | None = None
+    pools: tuple[str, ...] | None = None  # None: every pool
+
+    def allows(self, pool: str) -> bool:
+        """Whether this key may use ``pool`` (a registry name)."""
+        if self.pools is None:
+            return True
+        return any(pool == allowed or (allowed.endswith("/*") and
+                                       pool.startswith(allowed[:-1]))
+                   for allowed in self.pools)
+
+    def refusal(self, pool: str) -> str:
+        allowed = ", ".join(self.pools or ())
+        return f"API key {self.id} may not use pool {pool} (it may use: {allowed})"
 
 
 def hash_key(plain: str) -> str:
@@ -121,4 +141,15 @@ def _parse_key(entry: object, path: str | Path, index: int) -> ApiKey:
         raise KeyFileError(f"{where}: 'sha256' must be 64 hex digits (the key's SHA-256)")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise KeyFileError(f"{where}: 'max_streams' must be a positive integer")
-    return ApiKey(id=key_id, sha256=digest.lower(), max_streams=limit)
+    return ApiKey(id=key_id, sha256=digest.lower(), max_streams=limit,
+                  pools=_pools(entry.get("pools"), where))
+
+
+def _pools(value: object, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(pool, str) and _POOL.fullmatch(pool) for pool in value)):
+        raise KeyFileError(f"{where}: 'pools' must be a non-empty list of pool names "
+                           "(namespace/name, namespace/* or name)")
+    return tuple(value)

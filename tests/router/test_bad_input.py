@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,12 +18,12 @@ import pytest
 import redis.asyncio as aioredis
 import websockets
 
-from asrpool.common import auth, protocol
+from asrpool.common import auth, protocol, waiting
 from asrpool.router import keys, tokens
 from tests.router import support
 from tests.support.redis_servers import RedisServer
 
-KEYS = {"good": "k-good-secret", "limited": "k-limited-secret"}
+KEYS = {"good": "k-good-secret", "limited": "k-limited-secret", "scoped": "k-scoped-secret"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +38,8 @@ def router(
                 "keys": [
                     {"id": "good", "sha256": auth.hash_key(KEYS["good"])},
                     {"id": "limited", "sha256": auth.hash_key(KEYS["limited"]), "max_streams": 1},
+                    {"id": "scoped", "sha256": auth.hash_key(KEYS["scoped"]),
+                     "pools": ["scoped-pool", "team/*"]},
                 ]
             }
         )
@@ -245,3 +249,41 @@ def test_the_live_page_is_served(router: support.RouterProcess) -> None:
     assert status == 200 and b"<html" in body.lower()
     assert support.http_get(router.url + "/static/live.js")[0] == 200
     assert support.http_get(router.url + "/static/nothing-here.js")[0] == 404
+
+
+async def test_a_key_scoped_to_pools_is_refused_others_with_403_and_no_demand(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    """Before the upgrade (and before an upload's body is read), naming the key and the
+    pools it may use; nothing reaches Redis, so the pool sees no demand from it."""
+    await support.beat(redis, "other-full", total=1, free=0, pool="other-pool")
+    await support.beat(redis, "scoped-full", total=1, free=0, pool="scoped-pool")
+    with pytest.raises(websockets.InvalidStatus) as caught:
+        await support.connect(router.ws_url + "?pool=other-pool", with_key("scoped"))
+    assert caught.value.response.status_code == 403
+    assert caught.value.response.body == (
+        b"API key scoped may not use pool other-pool (it may use: scoped-pool, team/*)")
+    assert (await waiting.read(redis, "other-pool", 60)).refused == 0
+    error, _ = await refusal(router.ws_url + "?pool=scoped-pool", with_key("scoped"))
+    assert error["code"] == "busy"  # its own pool: admitted as far as the pool's room
+    error, _ = await refusal(router.ws_url + "?pool=team/any", with_key("scoped"))
+    assert error["code"] == "unknown_pool"  # a pool of its namespace: past the scope
+    status, body = await asyncio.to_thread(
+        _post, router.url + "/api/asr-streaming?pool=other-pool", with_key("scoped"))
+    assert (status, body) == (
+        403, b"API key scoped may not use pool other-pool (it may use: scoped-pool, team/*)")
+    resume = tokens.mint("other-pool", tokens.new_session_id()).text
+    with pytest.raises(websockets.InvalidStatus) as caught:
+        await support.connect(router.ws_url, {**with_key("scoped"),
+                                              protocol.RESUME_TOKEN_HEADER: resume})
+    assert caught.value.response.status_code == 403
+
+
+def _post(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=b"RIFF" * 1000, method="POST",
+                                     headers={**headers, "Content-Type": "audio/wav"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
