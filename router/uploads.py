@@ -45,7 +45,14 @@ _STATUS = {protocol.ErrorCode.UNKNOWN_POOL: 404, protocol.ErrorCode.KEY_LIMIT: 4
 async def transcribe(
     request: requests.Request, pool: str | None, deps: wiring.Deps
 ) -> responses.Response:
+    address = request.client.host if request.client else ""
+    throttled = deps.new_streams.new_stream(address, request.headers.raw)
     key = streaming.authenticate(request, deps.keyring)
+    if throttled is None and key is not None:
+        throttled = deps.new_streams.of_key(key.id)
+    if throttled is not None:  # an upload is a new stream: the same limits, before its body
+        return responses.PlainTextResponse(throttled.message, throttled.status,
+                                           throttled.headers)
     if key is None:
         return streaming.unauthorized(deps)
     asked = pool or deps.config.default_pool

@@ -287,3 +287,23 @@ def _post(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+async def test_uploads_count_as_new_streams(module_redis: RedisServer, tmp_path: Path) -> None:
+    """A POST is a stream: over the new streams per second of its address (and of its
+    key) it is HTTP 429 before its body is read, as a websocket's would be."""
+    key_file = tmp_path / "keys.json"
+    key_file.write_text(json.dumps({"keys": [{"id": "good",
+                                              "sha256": auth.hash_key(KEYS["good"])}]}))
+    limited = support.RouterProcess(module_redis.url, tmp_path, "--api-keys-file", str(key_file),
+                                    "--new-streams-per-second", "0.1", "--new-streams-burst", "1")
+    limited.start()
+    try:
+        statuses = [(await asyncio.to_thread(_post, limited.url + "/api/asr-streaming?pool=nope",
+                                             with_key()))[0] for _ in range(2)]
+        assert statuses == [404, 429]  # the first is admitted as far as its (unknown) pool
+        status, body = await asyncio.to_thread(
+            _post, limited.url + "/api/asr-streaming?pool=nope", with_key())
+        assert status == 429 and b"over 0.1 new streams per second from 127.0.0.1" in body
+    finally:
+        limited.terminate()
