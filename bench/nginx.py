@@ -133,6 +133,7 @@ class Stack:
                              self.redis_url, "--host", "127.0.0.1", "--port",
                              str(self.ports["router"]), "--log-level", "warning",
                              "--workers", "1", "--new-streams-per-second", "0",
+                             "--no-members-required",  # its backend only heartbeats
                              *self.router_args])
         self._run("floor", [sys.executable, "-m", "asrpool.bench.floor_relay",
                             str(self.ports["floor"]), str(self.ports["backend"])])

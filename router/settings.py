@@ -77,13 +77,14 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     resume_grace_seconds: float = pydantic.Field(
         default=30.0, gt=0,
         description="how long a dropped client may resume (at least the pods')")
-    # Whoever can write Redis can write a heartbeat: with this on, a pool is open only
-    # once the operator (or the local platform) has listed its real pods, and only to
-    # them; off, a pool that has no list yet admits to any heartbeat (a bare pod and
-    # router, by hand). The chart turns it on.
+    # Whoever can write Redis can write a heartbeat: with this on (the default), a pool
+    # is open only once the operator (or the local platform) has listed its real pods,
+    # and only to them; off, a pool that has no list yet admits to any heartbeat (a bare
+    # pod and router, by hand, on a Redis no one else writes).
     members_required: bool = pydantic.Field(
-        default=False, description="admit only to pods the operator listed; a pool with no"
-        " list yet waits for it (busy)")
+        default=True, description="admit only to pods the operator (or the local platform)"
+        " listed; a pool with no list yet waits for it (busy); off: any heartbeat of a pool"
+        " with no list")
     # A pod's heartbeat missing this long ends its sessions (a pod that vanished
     # without closing its sockets); longer than the pods' lease (3 s) plus the time a
     # restarted Redis takes to be refilled by heartbeats.

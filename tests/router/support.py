@@ -30,7 +30,10 @@ from tests.support import kyutai_client, servers
 
 
 def config(redis_url: str, **overrides: Any) -> settings.RouterSettings:
-    return settings.RouterSettings(redis_url=redis_url, **overrides)
+    """A router's settings for pods that only heartbeat (no operator lists them): the
+    member list is not required unless a test asks for it."""
+    return settings.RouterSettings(redis_url=redis_url,
+                                   **{"members_required": False, **overrides})
 
 
 async def beat(
@@ -155,6 +158,8 @@ class RouterProcess(Process):
             # One process unless a test asks for more: /metrics and logs are then the
             # whole router's.
             *(() if "--workers" in extra else ("--workers", "1")),
+            # Pods here only heartbeat (no operator lists them), unless a test asks.
+            *(() if "--members-required" in extra else ("--no-members-required",)),
             *extra,
         ]
         super().__init__(args, workdir / f"router-{self.port}.log", env)
