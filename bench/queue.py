@@ -62,7 +62,8 @@ async def _pod(client: aioredis.Redis, free: int) -> None:
 def _store(client: aioredis.Redis, url: str, lease_ms: int = 3000) -> admissions.Admissions:
     """A router's admissions; a ticket's lease is ``lease_ms`` (at least 2 s)."""
     config = settings.RouterSettings(redis_url=url, queue_timeout_seconds=300, queue_max=1_000_000,
-                                     queue_max_per_key=0, session_lease_ms=lease_ms)
+                                     queue_max_per_key=0, session_lease_ms=lease_ms,
+                                     members_required=False)  # its pod only heartbeats
     return admissions.Admissions(client, config)
 
 
