@@ -59,9 +59,9 @@ class Result:
 async def reconcile(context: Context, body: kopf.Body) -> Result:
     name, namespace = body.metadata.name or "", body.metadata.namespace or "default"
     beats = await _read_beats(context, naming.registry_name(namespace, name))
+    measured = _measured(body, beats)
     try:
-        pool = children.with_pod_token(pools.from_body(body, _measured(body, beats)),
-                                       context.config)
+        pool = children.with_pod_token(pools.from_body(body, measured), context.config)
         pools.check_auth(pool)
     except specs.InvalidSpec as exc:
         return await _observe_invalid(context, body, str(exc), beats)
@@ -79,7 +79,7 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
                or statuses.pod_problem(deployment, pods))
     observed = dataclasses.replace(
         _observed(body, pool.name, pool.pods, deployment, beats, problem),
-        slots_per_pod=statuses.SlotsPerPod(pool.slots_per_pod, _sized_by(pool, body, beats)))
+        slots_per_pod=statuses.SlotsPerPod(pool.slots_per_pod, _sized_by(pool, measured)))
     scaled_from = current if current is not None and current != pool.pods else None
     return Result(pool, observed, actions, scaled_from, costs_set)
 
@@ -98,11 +98,10 @@ def _measured(body: kopf.Body, beats: list[registry.PodHeartbeat] | None) -> int
     return None
 
 
-def _sized_by(pool: pools.Pool, body: kopf.Body,
-              beats: list[registry.PodHeartbeat] | None) -> str:
+def _sized_by(pool: pools.Pool, measured: int | None) -> str:
     if not pool.auto_slots:
         return statuses.SPEC
-    return statuses.MEASURED if _measured(body, beats) else statuses.FIRST_POD
+    return statuses.MEASURED if measured else statuses.FIRST_POD
 
 
 async def _observe_invalid(context: Context, body: kopf.Body, message: str,
