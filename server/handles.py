@@ -39,6 +39,18 @@ class Handle:
         return self._stream.session_id
 
     @property
+    def slot(self) -> int:
+        return self._stream.slot
+
+    def kind(self) -> str | None:
+        """The stream's kind of audio, once its first audio message fixed it."""
+        return self._stream.input.kind
+
+    def claim(self, kind: str) -> None:
+        """The stream sends ``kind`` of audio (checked by an intake process)."""
+        self._stream.input.claim(kind)
+
+    @property
     def resume_token(self) -> str:
         return self._stream.resume_token
 
@@ -198,6 +210,14 @@ class Handle:
         """From now on (None: no more), results with nothing queued before them are
         sent at once by ``send`` (False when it cannot send now: they are queued)."""
         self._stream.direct = send
+
+    def take_waiting(self) -> list[bytes]:
+        """The results waiting, counted as sent: an intake process sends them."""
+        stream = self._stream
+        waiting = list(stream.outbox)
+        while stream.outbox:
+            stream.mark_sent()
+        return waiting
 
     def take_pending(self) -> list[bytes]:
         pending = list(self._stream.outbox)

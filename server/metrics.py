@@ -60,6 +60,9 @@ class ServerMetrics:
             "1: the engine is a paced stand-in (serve --paced-engine), no model runs; the "
             "model and the device whose bench capacity result times its steps",
             ["model", "measured_on"], registry=r)
+        self.intake_restarts = prom.Counter(
+            "asr_intake_restarts", "Intake processes that ended and were started again "
+            "(their streams ended with an Error internal; serve --intake-workers)", registry=r)
         self.audio_seconds = prom.Counter(
             "asr_audio_seconds",
             "Seconds of stream audio the engine has transcribed (80 ms per slot per step); "

@@ -25,6 +25,7 @@ from asrpool.server import (
     enginechild,
     handles,
     heartbeat,
+    intake,
     metrics,
     opuslanes,
     outcomes,
@@ -83,6 +84,7 @@ class Pod:
                              if config.new_streams_per_second else None)
         self._engine: engine_loop.EngineLoop | None = None
         self.lanes: opuslanes.OpusLanes | None = None
+        self.intake: intake.IntakeWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.slots_total.set(config.slots)
         self.metrics.slots_free.set(config.slots)
@@ -112,6 +114,10 @@ class Pod:
             self.lanes = opuslanes.OpusLanes(
                 self.settings.opus_workers, self.buffers, self.settings.max_buffer_samples,
                 loop, self._opus_failed, self._opus_settled)
+        if self.settings.intake_workers:
+            self.intake = intake.IntakeWorkers(
+                self.settings.intake_workers, self.buffers, self.settings, loop,
+                lambda _: self.metrics.intake_restarts.inc())
         if self.deps.redis is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
         self._tasks.append(asyncio.create_task(self._watch_real_time()))
@@ -130,6 +136,8 @@ class Pod:
             await asyncio.to_thread(self._engine.stop)
         if self.lanes is not None:
             await asyncio.to_thread(self.lanes.close)
+        if self.intake is not None:
+            await asyncio.to_thread(self.intake.close)
 
     def _open_runner(self, loop: asyncio.AbstractEventLoop) -> engine_loop.Runner:
         """The engine in its own process (``--engine-process``: the settings name the
@@ -277,9 +285,11 @@ class Pod:
             heap.freeze_startup_objects()  # the model is loaded and warm: see common.heap
         self._heartbeat_wake.set()
         logger.info("ready: model %s, %s, streaming state %.1f MiB, the engine in %s, "
-                    "GIL switch %g ms", _model_of(ready), self._slots_said(),
+                    "messages %s, GIL switch %g ms", _model_of(ready), self._slots_said(),
                     ready.state_nbytes / 2**20,
                     "a child process" if self.settings.in_engine_process else "a thread",
+                    f"in {self.settings.intake_workers} intake processes"
+                    if self.settings.intake_workers else "on the event loop",
                     sys.getswitchinterval() * 1e3)
 
     def _slots_said(self) -> str:
@@ -299,6 +309,8 @@ class Pod:
                                                 output.duration, self.sessions.used))
         if self.lanes is not None:
             self.lanes.after_step()
+        if self.intake is not None:
+            self.intake.after_step()
         m = self.metrics
         if output.duration:
             m.model_step_duration.observe(output.duration)

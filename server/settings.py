@@ -146,6 +146,11 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     opus_workers: int = pydantic.Field(
         default=0, ge=0, le=64, description="child processes decoding streams' OggOpus "
         "(0: on the event loop)")
+    # Streams' messages read, checked and answered beside the event loop (server.intake):
+    # the loop keeps each stream's life, the processes its messages.
+    intake_workers: int = pydantic.Field(
+        default=0, ge=0, le=64, description="child processes that read, check and answer "
+        "the streams' websocket messages after the pod accepts them (0: on the event loop)")
     # The engine beside the event loop, not under its GIL (server.enginechild): the first
     # H200 run's pod of 768 slots kept up with 256 clients in one process, not 512.
     engine_process: bool | None = pydantic.Field(

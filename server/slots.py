@@ -134,6 +134,16 @@ class SlotBuffers:
         self._cond = threading.Condition(self._lock)
         self._waiting = 0  # engine threads waiting on the condition (one, or none)
         self._stopped = False
+        self._taken: NDArray[np.int64] | None = None  # samples taken per slot, for intake
+
+    def publish_taken(self, taken: NDArray[np.int64]) -> None:
+        """From now on, keep each slot's samples taken by the engine (for the stream in it
+        now) in ``taken``: shared memory that intake processes read to hold a client
+        back while its slot is full."""
+        with self._lock:
+            self._taken = taken
+            for slot, state in enumerate(self._slots):
+                taken[slot] = state.frames_taken * FRAME_SIZE
 
     @property
     def total(self) -> int:
@@ -146,6 +156,8 @@ class SlotBuffers:
             state.clear()
             state.active = True
             state.needs_reset = True
+            if self._taken is not None:
+                self._taken[slot] = 0
             self._wake()
             return state.generation
 
@@ -384,5 +396,7 @@ class SlotBuffers:
             if state.samples >= FRAME_SIZE:
                 arrivals[slot] = state.frame_arrival()
                 frames[slot] = state.pop_frame()
+                if self._taken is not None:
+                    self._taken[slot] = state.frames_taken * FRAME_SIZE
             buffered[slot] = state.samples
         return Batch(generations, resets, restarts, markers, frames, arrivals, buffered)

@@ -16,17 +16,10 @@ from typing import Any
 from starlette import responses, websockets
 
 from asrpool.common import framing, protocol
-from asrpool.server import budgets, handles, idleness, outcomes, pods
+from asrpool.server import budgets, handles, idleness, intake, outcomes, pods
 
 logger = logging.getLogger(__name__)
 
-# Close codes of a lost connection (uvicorn reports a vanished peer as 1005 or 1006).
-_LOST = {protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST}
-# A message the client got wrong: the stream ends after the results of its earlier audio.
-_CLIENT_FAULTS = frozenset({
-    protocol.ErrorCode.MALFORMED, protocol.ErrorCode.BAD_MESSAGE, protocol.ErrorCode.UNKNOWN_TYPE,
-    protocol.ErrorCode.BAD_AUDIO, protocol.ErrorCode.MIXED_AUDIO, protocol.ErrorCode.TOO_LARGE,
-    protocol.ErrorCode.TOO_MANY_MESSAGES, protocol.ErrorCode.TOO_MANY_MARKERS})
 _FLUSH_SECONDS = 2.0
 
 
@@ -60,14 +53,10 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
     except BaseException:  # never leave a claimed slot behind (cancelled, a bug)
         claimed.finish(outcomes.Lost())
         raise
-    await _attached(ws, pod, claimed, resumed=bool(token))
-
-
-def _too_slow(pod: pods.Pod) -> outcomes.Failed:
-    """Aborted by the send deadline: not a lost client that may come back, a stuck one."""
-    seconds = pod.settings.send_timeout_seconds
-    return outcomes.Failed(f"the client read none of its results for {seconds:g} s",
-                           protocol.ErrorCode.TOO_SLOW, protocol.CloseCode.POLICY)
+    if pod.intake is not None:
+        await _attached_elsewhere(ws, pod, pod.intake, claimed, resumed=bool(token))
+    else:
+        await _attached(ws, pod, claimed, resumed=bool(token))
 
 
 def _replay(handle: handles.Handle, received: int | None) -> None:
@@ -93,11 +82,11 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
         outcome: outcomes.Outcome
         if reader.done():
             outcome = reader.result()
-            if isinstance(outcome, outcomes.Failed) and outcome.code in _CLIENT_FAULTS:
+            if isinstance(outcome, outcomes.Failed) and outcome.code in outcomes.CLIENT_FAULTS:
                 await _results_of_received(handle, kick, writer)
         elif kick.done():
             outcome = kick.result()
-            if isinstance(outcome, outcomes.Failed) and outcome.code in _CLIENT_FAULTS:
+            if isinstance(outcome, outcomes.Failed) and outcome.code in outcomes.CLIENT_FAULTS:
                 # An Opus lane could not decode the stream's bytes: no more are read, and
                 # the results of the audio before them go out first, as for a bad message.
                 reader.cancel()
@@ -106,7 +95,7 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
         else:  # the writer failed: the connection is gone, closed by the client or lost
             outcome = _ended(ws)
         if isinstance(outcome, outcomes.Lost) and framing.send_timed_out(ws.scope):
-            outcome = _too_slow(pod)
+            outcome = outcomes.too_slow(pod.settings.send_timeout_seconds)
     finally:
         handle.detach()
         for task in (reader, writer):
@@ -120,8 +109,58 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
     handle.finish(outcome)
 
 
+async def _attached_elsewhere(ws: websockets.WebSocket, pod: pods.Pod,
+                              workers: intake.IntakeWorkers, handle: handles.Handle,
+                              resumed: bool) -> None:
+    """The stream's messages in an intake process: the connection is handed over, and
+    this task waits for the stream's end, from the client's side or the pod's, and ends
+    it as :func:`_attached` does."""
+    connection = framing.connection_of(ws.scope)
+    try:
+        if connection is None:
+            raise framing.EarlyFrames("no connection to hand over")
+        remote = workers.hand_over(connection, handle)
+    except framing.EarlyFrames:  # read by uvicorn already: the stream stays here
+        await _attached(ws, pod, handle, resumed)
+        return
+    kick = handle.attach(resumed)
+    reader = asyncio.create_task(remote.read())
+    try:
+        outcome = await _until_ended(handle, kick, reader, remote.closed)
+    finally:
+        handle.detach()
+        handle.write_through(None)
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+    try:
+        if isinstance(outcome, outcomes.Failed):
+            pod.count_error(outcome.code)
+            await remote.end([*handle.take_pending(), outcome.frame()], outcome.close_code)
+        else:  # the client left, or a resume took over (its new connection has the outbox)
+            await remote.end([], remote.close_code)
+    finally:
+        workers.done(remote)
+        handle.finish(outcome)
+
+
+async def _until_ended(handle: handles.Handle, kick: asyncio.Future[outcomes.Outcome],
+                       reader: asyncio.Task[outcomes.Outcome],
+                       closed: asyncio.Future[None]) -> outcomes.Outcome:
+    """The outcome of the first of the reader and the pod's kick; a client's fault ends
+    the stream once the results of its audio before are out."""
+    waited: set[asyncio.Future[Any]] = {reader, kick}
+    await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+    outcome = reader.result() if reader.done() else kick.result()
+    if isinstance(outcome, outcomes.Failed) and outcome.code in outcomes.CLIENT_FAULTS:
+        if not reader.done():
+            reader.cancel()
+        await _results_of_received(handle, kick if not kick.done() else
+                                   asyncio.get_running_loop().create_future(), closed)
+    return outcome
+
+
 async def _results_of_received(handle: handles.Handle, kick: asyncio.Future[outcomes.Outcome],
-                               writer: asyncio.Task[None]) -> None:
+                               writer: asyncio.Future[Any]) -> None:
     """A bad message ends its stream, but, as on moshi-server, only once the results of
     the audio received before it are out: the engine steps what is buffered while the
     writer keeps sending. Bounded by that audio's length and a margin; the pod ending
@@ -166,8 +205,7 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod,
         return await _read_messages(ws, pod, handle, idle, budget)
     except asyncio.CancelledError:
         if idle.expired():
-            return outcomes.Failed(f"no message for {idle.seconds:g} s",
-                                   protocol.ErrorCode.IDLE_TIMEOUT, protocol.CloseCode.NORMAL)
+            return outcomes.idle(idle.seconds)
         raise
     finally:
         if connection is not None:
@@ -213,60 +251,32 @@ async def _read_messages(ws: websockets.WebSocket, pod: pods.Pod, handle: handle
         except RuntimeError:  # receive after the connection went away
             return outcomes.Lost()
         if message["type"] == "websocket.disconnect":
-            return _disconnected(int(message.get("code") or protocol.CloseCode.NO_STATUS))
+            return outcomes.disconnected(int(message.get("code") or protocol.CloseCode.NO_STATUS))
         refused = framing.refused(message)  # a frame over the limit, refused from its header
         if refused is not None:
             return refused
         data = message.get("bytes")
         if data is None:  # text frames are ignored, and are no activity, as in moshi-server
             if not budget.spend(0):
-                return _over_budget(pod)
+                return outcomes.over_budget(pod.settings.max_messages_per_second)
             continue
         idle.active()
         try:
             decoded = protocol.decode_client(data, pod.settings.max_message_bytes)
             if not budget.spend(budgets.samples_of(decoded)):
-                return _over_budget(pod)
+                return outcomes.over_budget(pod.settings.max_messages_per_second)
             await handle.room()  # the fast reader may have filled it while this one waited
             await handle.push(decoded)
             idle.active()  # a push held back for room was no idleness
         except protocol.ProtocolError as exc:
-            return _refused_by_the_router(exc, data) or _client_fault(exc)
-
-
-def _client_fault(exc: protocol.ProtocolError) -> outcomes.Failed:
-    too_large = exc.code == protocol.ErrorCode.TOO_LARGE
-    return outcomes.Failed(str(exc), exc.code, protocol.CloseCode.TOO_LARGE if too_large
-                           else protocol.CloseCode.POLICY)
-
-
-def _refused_by_the_router(exc: protocol.ProtocolError, data: bytes) -> outcomes.Failed | None:
-    """The refusal of a client message that a router refused in its place (over the size
-    limit): not a type a client sends, and taken on any link, as a pod without a pod
-    token has routers in front of it too (a client that forges one ends its own stream
-    as the message it stands for would)."""
-    if exc.code != protocol.ErrorCode.UNKNOWN_TYPE:
-        return None
-    return protocol.decode_router_refusal(data)
-
-
-def _over_budget(pod: pods.Pod) -> outcomes.Failed:
-    rate = pod.settings.max_messages_per_second
-    return outcomes.Failed(
-        f"over {rate:g} messages per second (audio in frames of {protocol.FRAME_SIZE} "
-        "samples or more is not counted): send fewer, larger messages",
-        protocol.ErrorCode.TOO_MANY_MESSAGES)
+            return outcomes.refused_message(exc, data)
 
 
 def _ended(ws: websockets.WebSocket) -> outcomes.Outcome:
     """A connection gone before the reader saw its end: a clean close if the client sent
     one (parsed, with the connection's end, behind audio the pod still holds back)."""
     code = framing.close_received(ws.scope)
-    return outcomes.Lost() if code is None else _disconnected(code)
-
-
-def _disconnected(code: int) -> outcomes.Outcome:
-    return outcomes.Lost() if code in _LOST else outcomes.Closed()
+    return outcomes.Lost() if code is None else outcomes.disconnected(code)
 
 
 async def _write(ws: websockets.WebSocket, handle: handles.Handle) -> None:

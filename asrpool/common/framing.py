@@ -324,7 +324,8 @@ class WebSocketProtocol(websockets_sansio_impl.WebSocketsSansIOProtocol):
         self.frames = []  # the fragments before it, of the message it belongs to
         if self.conn.state is ws_protocol.OPEN:  # else the app has closed: it reads no more
             # An ASGI receive event with a key of ours, which ASGI's types do not know.
-            self.queue.put_nowait(cast(Any, refusal_event(_reason(refused, self.conn.max_bytes))))
+            reason = refusal_reason(refused, self.conn.max_bytes)
+            self.queue.put_nowait(cast(Any, refusal_event(reason)))
         self.data_received(b"")  # the bytes behind the frame's header, already received
 
 
@@ -376,7 +377,7 @@ def peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-def _reason(exc: exceptions.PayloadTooBig, max_bytes: int) -> str:
+def refusal_reason(exc: exceptions.PayloadTooBig, max_bytes: int) -> str:
     """The sizes as far as the parser knows them (a compressed frame's size is not)."""
     if exc.size is None:
         return f"message exceeds the limit of {max_bytes} bytes once decompressed"

@@ -12,13 +12,17 @@ from tests.support import servers
 BATCH = 2
 
 
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
-    """One server for tests that each use their own streams (B=2, short idle timeout)."""
+@pytest.fixture(scope="module", params=["loop", "intake"])
+def shared_server(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    """One server for tests that each use their own streams (B=2, short idle timeout),
+    its streams' messages read on its event loop, then in two intake processes: every
+    test of it holds both ways."""
     workdir = tmp_path_factory.mktemp("server")
+    intake = ["--intake-workers", "2"] if request.param == "intake" else []
     with servers.ServerProcess(workdir, batch_size=BATCH, args=[
         "--idle-timeout-seconds", "1.5", "--max-message-bytes", "262144",
-        "--resume-grace-seconds", "0",
+        "--resume-grace-seconds", "0", *intake,
     ]) as server:
         server.wait_ready()
         yield server
