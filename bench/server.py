@@ -72,6 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batches-in-flight", type=int, choices=(1, 2), default=None,
                         help="with --engine-process, the pod's --engine-batches-in-flight "
                              "(default: the pod's; file -inflight<n>)")
+    parser.add_argument("--intake-workers", type=int, default=0,
+                        help="the pod's --intake-workers: its streams' messages in N child "
+                        "processes (0: on its event loop)")
     parser.add_argument("--gil-switch-ms", type=float, default=None,
                         help="the pod's GIL switch interval (serve --gil-switch-ms; default: "
                              "the pod's)")
@@ -155,6 +158,8 @@ def _out_path(args: argparse.Namespace, suffix: str) -> Path:
         mode += f"-gil{args.gil_switch_ms:g}ms"
     if args.batches_in_flight is not None:
         mode += f"-inflight{args.batches_in_flight}"
+    if args.intake_workers:
+        mode += f"-intake{args.intake_workers}"
     if args.before is not None:
         mode += f"-vs-{args.before}"
     return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
@@ -172,7 +177,7 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
         "dtype": args.dtype, "client_processes": args.client_processes,
         "engine_process": args.engine_process, "gil_switch_ms": _pods_gil_switch_ms(args),
         "paced_engine": args.paced_engine, "raw_clients": args.raw_clients,
-        "batches_in_flight": args.batches_in_flight,
+        "batches_in_flight": args.batches_in_flight, "intake_workers": args.intake_workers,
         "torch_threads": args.torch_threads, "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         "machine": platform.processor() or platform.machine(),
@@ -396,6 +401,8 @@ class _Server:
             command += ["--gil-switch-ms", str(args.gil_switch_ms)]
         if args.batches_in_flight is not None:
             command += ["--engine-batches-in-flight", str(args.batches_in_flight)]
+        if args.intake_workers and python_path is None:  # an earlier tree's pod has none
+            command += ["--intake-workers", str(args.intake_workers)]
         log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()
         try:
