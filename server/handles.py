@@ -42,6 +42,10 @@ class Handle:
     def slot(self) -> int:
         return self._stream.slot
 
+    @property
+    def generation(self) -> int:
+        return self._stream.generation
+
     def kind(self) -> str | None:
         """The stream's kind of audio, once its first audio message fixed it."""
         return self._stream.input.kind

@@ -80,8 +80,19 @@ class Remote:
     def send(self, messages: list[bytes]) -> bool:
         """Results of a step, to the client through the intake process."""
         for message in messages:
-            self.worker.send(intakewire.record(intakewire.SEND, self.conn, message))
+            self.worker.send_record(intakewire.SEND, self.conn, message)
         return True
+
+    def audio_now(self, payload: memoryview) -> slots.Decoded | None:
+        """An ``AUDIO`` record to push at once with others (nothing waits before it)."""
+        if self.inbox:
+            self.queue(intakewire.AUDIO, bytes(payload))
+            return None
+        if self.unclaimed:
+            self.handle.claim("Audio")
+            self.unclaimed = False
+        pcm = np.frombuffer(payload, dtype=np.float32).copy()
+        return self.handle.slot, self.handle.generation, pcm, 0
 
     def take(self, kind: int, payload: memoryview) -> None:
         """A record from the intake process, in order: audio, markers and Init at once
@@ -182,9 +193,11 @@ class Remote:
 class Worker:
     """One intake process and the pod's end of its socket pair."""
 
-    def __init__(self, index: int, taken_fd: int, slots_total: int, limits: dict[str, Any],
-                 loop: asyncio.AbstractEventLoop, on_dead: Callable[[Worker], None]) -> None:
+    def __init__(self, index: int, taken_fd: int, buffers: slots.SlotBuffers,
+                 limits: dict[str, Any], loop: asyncio.AbstractEventLoop,
+                 on_dead: Callable[[Worker], None]) -> None:
         self.index = index
+        self.buffers = buffers
         self.loop = loop
         self.dead = False
         self.remotes: dict[int, Remote] = {}
@@ -194,7 +207,7 @@ class Worker:
             # -P: the working directory is not put on sys.path (a checkout's operator/).
             [sys.executable, "-P", "-m", "asrpool.server.intakeworker",
              "--channel-fd", str(theirs.fileno()), "--taken-fd", str(taken_fd),
-             "--slots", str(slots_total), "--settings", json.dumps(limits)],
+             "--slots", str(buffers.total), "--settings", json.dumps(limits)],
             pass_fds=(theirs.fileno(), taken_fd))
         theirs.close()
         ours.setblocking(False)
@@ -215,6 +228,13 @@ class Worker:
             return
         self._outbox.add(parts)
         self._soon()
+
+    def send_record(self, kind: int, conn: int, payload: bytes | memoryview = b"") -> None:
+        if self.dead:
+            return
+        self._outbox.add_record(kind, conn, payload)
+        if not self._flushing:
+            self._soon()
 
     def forget(self, remote: Remote) -> None:
         if self.remotes.get(remote.conn) is remote:
@@ -254,13 +274,29 @@ class Worker:
             if not size:
                 self._died()
                 return
-            for kind, conn, payload in intakewire.records(view[:size]):
-                self._record(kind, conn, payload)
+            self._datagram(view[:size])
 
-    def _record(self, kind: int, conn: int, payload: memoryview) -> None:
-        remote = self.remotes.get(conn)
-        if remote is None:
-            return
+    def _datagram(self, data: memoryview) -> None:
+        """A datagram's records in order; its audio pushed in one go, before any other
+        record (a marker counts the frames received before it)."""
+        audio: list[slots.Decoded] = []
+        for kind, conn, payload in intakewire.records(data):
+            remote = self.remotes.get(conn)
+            if remote is None:
+                continue
+            if kind == intakewire.AUDIO:
+                pushed = remote.audio_now(payload)
+                if pushed is not None:
+                    audio.append(pushed)
+                continue
+            if audio:
+                self.buffers.push_decoded(audio)
+                audio = []
+            self._record(remote, kind, payload)
+        if audio:
+            self.buffers.push_decoded(audio)
+
+    def _record(self, remote: Remote, kind: int, payload: memoryview) -> None:
         if kind == intakewire.CLOSED:
             if not remote.closed.done():
                 remote.closed.set_result(None)
@@ -299,7 +335,7 @@ class IntakeWorkers:
         self._taken_map = mmap.mmap(self._taken_fd, buffers.total * 8)
         taken: NDArray[np.int64] = np.frombuffer(self._taken_map, dtype=np.int64)
         buffers.publish_taken(taken)
-        self._slots = buffers.total
+        self._buffers = buffers
         self._limits = limits_of(config)
         self._max_bytes = config.max_message_bytes
         self._loop = loop
@@ -309,7 +345,8 @@ class IntakeWorkers:
         self.workers = [self._start(index) for index in range(count)]
 
     def _start(self, index: int) -> Worker:
-        return Worker(index, self._taken_fd, self._slots, self._limits, self._loop, self._dead)
+        return Worker(index, self._taken_fd, self._buffers, self._limits, self._loop,
+                      self._dead)
 
     def _dead(self, worker: Worker) -> None:
         if self._closing:
@@ -345,7 +382,7 @@ class IntakeWorkers:
         """A step's results are posted: each process looks at its held-back streams."""
         for worker in self.workers:
             if worker.remotes:
-                worker.send(intakewire.record(intakewire.TICK, 0))
+                worker.send_record(intakewire.TICK, 0)
 
     def close(self) -> None:
         self._closing = True

@@ -116,6 +116,14 @@ class Outbox:
         self._parts.extend(parts)
         self._size += size
 
+    def add_record(self, kind: int, conn: int, payload: bytes | memoryview = b"") -> None:
+        """:meth:`add` of one record (the hot path: a step's results)."""
+        size = HEAD.size + len(payload)
+        if self._size and self._size + size > DATAGRAM_BYTES:
+            self._seal()
+        self._parts += (HEAD.pack(kind, conn, len(payload)), payload)
+        self._size += size
+
     def add_socket(self, parts: list[bytes | memoryview], fd: int) -> None:
         """A datagram of its own that carries a connection's socket (kept open by the
         sender until it is sent)."""
