@@ -19,13 +19,18 @@ def shared_server(request: pytest.FixtureRequest,
     its streams' messages read on its event loop, then in two intake processes: every
     test of it holds both ways."""
     workdir = tmp_path_factory.mktemp("server")
-    intake = ["--intake-workers", "2"] if request.param == "intake" else []
+    intake = intake_args(request.param)
     with servers.ServerProcess(workdir, batch_size=BATCH, args=[
         "--idle-timeout-seconds", "1.5", "--max-message-bytes", "262144",
         "--resume-grace-seconds", "0", *intake,
     ]) as server:
         server.wait_ready()
         yield server
+
+
+def intake_args(where: str) -> list[str]:
+    """A pod's flags for where its streams' messages are read: "loop" or "intake"."""
+    return ["--intake-workers", "2"] if where == "intake" else []
 
 
 @pytest.fixture

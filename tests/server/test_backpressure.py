@@ -22,11 +22,14 @@ CAP_SECONDS = 4.0
 FAST_SECONDS = float(os.environ.get("ASRPOOL_TEST_FAST_SECONDS", "40"))
 
 
-@pytest.fixture(scope="module")
-def capped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+@pytest.fixture(scope="module", params=["loop", "intake"])
+def capped_server(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    """Streams' messages read on the pod's loop, then in intake processes."""
     workdir = tmp_path_factory.mktemp("capped")
     with servers.ServerProcess(workdir, batch_size=conftest.BATCH, args=[
-            "--max-buffer-seconds", str(CAP_SECONDS)]) as server:
+            "--max-buffer-seconds", str(CAP_SECONDS),
+            *conftest.intake_args(request.param)]) as server:
         server.wait_ready()
         yield server
 

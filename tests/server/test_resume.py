@@ -19,11 +19,13 @@ SECOND = 24_000
 RESUMABLE = {"asrpool-resumable": "1"}  # a direct client asks to be kept after a drop
 
 
-@pytest.fixture(scope="module")
-def resume_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+@pytest.fixture(scope="module", params=["loop", "intake"])
+def resume_server(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    """Streams' messages read on the pod's loop, then in intake processes."""
     workdir = tmp_path_factory.mktemp("resume")
     with servers.ServerProcess(workdir, batch_size=conftest.BATCH, args=[
-            "--resume-grace-seconds", str(GRACE)]) as server:
+            "--resume-grace-seconds", str(GRACE), *conftest.intake_args(request.param)]) as server:
         server.wait_ready()
         yield server
 
