@@ -401,7 +401,7 @@ class _Server:
             command += ["--gil-switch-ms", str(args.gil_switch_ms)]
         if args.batches_in_flight is not None:
             command += ["--engine-batches-in-flight", str(args.batches_in_flight)]
-        if args.intake_workers and python_path is None:  # an earlier tree's pod has none
+        if python_path is None:  # an earlier tree's pod has no intake processes
             command += ["--intake-workers", str(args.intake_workers)]
         log.unlink(missing_ok=True)  # this run's output alone
         self.started = time.monotonic()

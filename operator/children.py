@@ -120,6 +120,7 @@ def server_environment(pool: pools.Pool, config: settings.OperatorSettings) -> d
         "ASRPOOL_ANNOUNCE_POOL": "false" if config.redis_password_seed else "true",
         "ASRPOOL_DRAIN_GRACE_SECONDS": str(pool.drain_grace_seconds),
         "ASRPOOL_OPUS_WORKERS": str(pool.opus_workers),
+        "ASRPOOL_INTAKE_WORKERS": str(pool.intake_workers),
         "ASRPOOL_ENGINE_PROCESS": "true" if pool.engine_process else "false",
     }
     if pool.api_keys is not None:

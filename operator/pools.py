@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from asrpool.common import dtypes
+from asrpool.common import dtypes, limits
 from asrpool.operator import naming, sources, specs, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
@@ -30,6 +30,7 @@ MAX_OPUS_WORKERS = 64  # as the server's --opus-workers
 # A pool that names no opusWorkers gets a lane per core of its CPU request beyond these
 # (the event loop's and the engine's), and one at the least: Opus leaves the event loop.
 CORES_BESIDE_OPUS_LANES = 2
+MAX_INTAKE_WORKERS = 64  # as the server's --intake-workers
 DEFAULT_DTYPE = dtypes.AUTO  # the server's policy: bfloat16 on CUDA, float32 on the CPU
 
 
@@ -122,6 +123,7 @@ class Pool:
     max_gpus: int | None = None
     drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_SECONDS
     opus_workers: int = 0
+    intake_workers: int = 0
     engine_process: bool = False
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -181,7 +183,8 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
         image_pull_policy=spec.text("imagePullPolicy") or DEFAULT_PULL_POLICY,
         max_gpus=spec.optional_integer("maxGPUs"),
         drain_grace_seconds=spec.integer("drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
-        opus_workers=_opus_workers(spec),
+        opus_workers=_workers(spec, "opusWorkers", MAX_OPUS_WORKERS),
+        intake_workers=_workers(spec, "intakeWorkers", MAX_INTAKE_WORKERS),
         engine_process=spec.boolean("engineProcess"),
         node_selector=spec.mapping("nodeSelector"),
         tolerations=spec.objects("tolerations"),
@@ -199,6 +202,9 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
         pool = dataclasses.replace(pool, opus_workers=lanes_for_cpu(cores))
     if spec.get("engineProcess") is None:  # where it wins: beside a GPU's engine
         pool = dataclasses.replace(pool, engine_process=pool.gpus > 0)
+    if spec.get("intakeWorkers") is None:  # where they win: a GPU's hundreds of streams
+        workers = limits.GPU_INTAKE_WORKERS if pool.gpus else 0
+        pool = dataclasses.replace(pool, intake_workers=workers)
     check(pool)
     return pool
 
@@ -210,12 +216,12 @@ def _model(spec: specs.Section) -> sources.ModelSource:
     return sources.read(model)
 
 
-def _opus_workers(spec: specs.Section) -> int:
-    """The pool's ``opusWorkers`` (where it names none, ``from_body`` derives them from
-    the pod's CPU request: :func:`lanes_for_cpu`)."""
-    workers = spec.integer("opusWorkers")
-    if workers > MAX_OPUS_WORKERS:
-        raise spec.error("opusWorkers", f"must be at most {MAX_OPUS_WORKERS}, got {workers}")
+def _workers(spec: specs.Section, field: str, most: int) -> int:
+    """The pool's ``opusWorkers`` or ``intakeWorkers`` (where it names none,
+    ``from_body`` derives them: :func:`lanes_for_cpu`, :data:`limits.GPU_INTAKE_WORKERS`)."""
+    workers = spec.integer(field)
+    if workers > most:
+        raise spec.error(field, f"must be at most {most}, got {workers}")
     return workers
 
 
@@ -232,7 +238,7 @@ RESERVED_ENV = frozenset({
     "ASRPOOL_MODEL", "ASRPOOL_MODEL_REVISION", "ASRPOOL_BATCH_SIZE", "ASRPOOL_CONTEXT",
     "ASRPOOL_DEVICE", "ASRPOOL_DTYPE", "ASRPOOL_HOST", "ASRPOOL_PORT", "ASRPOOL_POOL",
     "ASRPOOL_REDIS_URL", "ASRPOOL_REDIS_PASSWORD", "ASRPOOL_DRAIN_GRACE_SECONDS",
-    "ASRPOOL_OPUS_WORKERS", "ASRPOOL_ENGINE_PROCESS",
+    "ASRPOOL_OPUS_WORKERS", "ASRPOOL_INTAKE_WORKERS", "ASRPOOL_ENGINE_PROCESS",
     "ASRPOOL_API_KEYS_FILE", "ASRPOOL_ANNOUNCE_POOL", "POD_IP", "POD_NAMESPACE", "POD_NAME",
     "ASRPOOL_POD_ID", "ASRPOOL_ADVERTISE_ADDRESS", "ASRPOOL_POD_TOKEN", "HF_HUB_CACHE",
     "HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY",
@@ -240,6 +246,7 @@ RESERVED_ENV = frozenset({
 # The reserved variables a spec field sets: a refusal of one in spec.env names its field.
 ENV_FIELDS = {"ASRPOOL_BATCH_SIZE": "spec.slotsPerPod", "ASRPOOL_CONTEXT": "spec.context",
               "ASRPOOL_DTYPE": "spec.dtype", "ASRPOOL_OPUS_WORKERS": "spec.opusWorkers",
+              "ASRPOOL_INTAKE_WORKERS": "spec.intakeWorkers",
               "ASRPOOL_ENGINE_PROCESS": "spec.engineProcess",
               "ASRPOOL_DRAIN_GRACE_SECONDS": "spec.drainGracePeriodSeconds",
               "ASRPOOL_MODEL": "spec.model", "ASRPOOL_MODEL_REVISION": "spec.model.revision",

@@ -114,9 +114,9 @@ class Pod:
             self.lanes = opuslanes.OpusLanes(
                 self.settings.opus_workers, self.buffers, self.settings.max_buffer_samples,
                 loop, self._opus_failed, self._opus_settled)
-        if self.settings.intake_workers:
+        if self.settings.intake_processes:
             self.intake = intake.IntakeWorkers(
-                self.settings.intake_workers, self.buffers, self.settings, loop,
+                self.settings.intake_processes, self.buffers, self.settings, loop,
                 lambda _: self.metrics.intake_restarts.inc())
         if self.deps.redis is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
@@ -284,12 +284,12 @@ class Pod:
             self.state = State.READY
             heap.freeze_startup_objects()  # the model is loaded and warm: see common.heap
         self._heartbeat_wake.set()
-        logger.info("ready: model %s, %s, streaming state %.1f MiB, the engine in %s, "
-                    "messages %s, GIL switch %g ms", _model_of(ready), self._slots_said(),
+        logger.info("ready: model %s, %s, streaming state %.1f MiB, messages %s, the engine "
+                    "in %s, GIL switch %g ms", _model_of(ready), self._slots_said(),
                     ready.state_nbytes / 2**20,
+                    f"in {self.settings.intake_processes} intake processes"
+                    if self.settings.intake_processes else "on the event loop",
                     "a child process" if self.settings.in_engine_process else "a thread",
-                    f"in {self.settings.intake_workers} intake processes"
-                    if self.settings.intake_workers else "on the event loop",
                     sys.getswitchinterval() * 1e3)
 
     def _slots_said(self) -> str:

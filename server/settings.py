@@ -18,6 +18,7 @@ _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
 
 MAX_BATCH_SIZE = 4096
+GPU_INTAKE_WORKERS = limits.GPU_INTAKE_WORKERS
 
 
 def _slots_or_auto(value: object) -> int | Literal["auto"]:
@@ -148,9 +149,11 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         "(0: on the event loop)")
     # Streams' messages read, checked and answered beside the event loop (server.intake):
     # the loop keeps each stream's life, the processes its messages.
-    intake_workers: int = pydantic.Field(
-        default=0, ge=0, le=64, description="child processes that read, check and answer "
-        "the streams' websocket messages after the pod accepts them (0: on the event loop)")
+    intake_workers: int | None = pydantic.Field(
+        default=None, ge=0, le=64, description="child processes that read, check and answer "
+        "the streams' websocket messages after the pod accepts them (0: on the event loop); "
+        f"unset, {GPU_INTAKE_WORKERS} where the device is a GPU or the engine a paced "
+        "stand-in, 0 on a CPU")
     # The engine beside the event loop, not under its GIL (server.enginechild): the first
     # H200 run's pod of 768 slots kept up with 256 clients in one process, not 512.
     engine_process: bool | None = pydantic.Field(
@@ -215,6 +218,16 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         if self.engine_process is not None:
             return self.engine_process
         return self.device.startswith("cuda") or self.paced_engine is not None
+
+    @property
+    def intake_processes(self) -> int:
+        """``intake_workers``, or where unset, where they win: beside a GPU's engine (or
+        its paced stand-in), whose hundreds of streams one event loop cannot read; not
+        on a CPU, whose engine wants the cores itself."""
+        if self.intake_workers is not None:
+            return self.intake_workers
+        beside_a_gpu = self.device.startswith("cuda") or self.paced_engine is not None
+        return GPU_INTAKE_WORKERS if beside_a_gpu else 0
 
     @property
     def slots(self) -> int:

@@ -46,6 +46,11 @@ from websockets import http11
 
 from asrpool.common import bodies, browsers, framing, protocol, rates
 
+# Intake processes of a pod beside a GPU (the server's --intake-workers unset, a GPU
+# pool's intakeWorkers unset): at 1,024 paced streams two kept the pod's event loop under
+# 20 us per stream-step (bench server --intake-workers 2).
+GPU_INTAKE_WORKERS = 2
+
 DEFAULT_MAX_HEAD_BYTES = 32 << 10
 DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)
 DEFAULT_MAX_URL_BYTES = 4 << 10  # the request line; websockets refuses one over 8 KiB

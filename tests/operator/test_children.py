@@ -78,7 +78,7 @@ def test_the_server_settings_travel_in_the_config_map() -> None:
         "ASRPOOL_HOST": "0.0.0.0", "ASRPOOL_PORT": "8080", "ASRPOOL_POOL": "speech/stt",
         "ASRPOOL_REDIS_URL": "redis://redis:6379/0", "ASRPOOL_ANNOUNCE_POOL": "true",
         "ASRPOOL_DRAIN_GRACE_SECONDS": "60", "ASRPOOL_OPUS_WORKERS": "1",
-        "ASRPOOL_ENGINE_PROCESS": "true"}
+        "ASRPOOL_INTAKE_WORKERS": "2", "ASRPOOL_ENGINE_PROCESS": "true"}
 
 
 def test_opus_workers_reach_the_server() -> None:
@@ -98,6 +98,15 @@ def test_a_pool_naming_no_opus_workers_gets_lanes_from_its_cpu_request(
 def test_a_pool_may_still_decode_opus_on_the_event_loop() -> None:
     config_map = children.build_config_map(pool(opusWorkers=0, resources={"cpu": "8"}), CONFIG)
     assert config_map["data"]["ASRPOOL_OPUS_WORKERS"] == "0"
+
+
+@pytest.mark.parametrize(("spec", "workers"), [
+    ({}, "2"), ({"resources": {"gpus": 0}}, "0"), ({"intakeWorkers": 0}, "0"),
+    ({"intakeWorkers": 5, "resources": {"gpus": 0}}, "5")])
+def test_intake_workers_reach_the_server_and_gpu_pools_get_two_unless_told(
+        spec: dict[str, Any], workers: str) -> None:
+    config_map = children.build_config_map(pool(**spec), CONFIG)
+    assert config_map["data"]["ASRPOOL_INTAKE_WORKERS"] == workers
 
 
 def test_an_engine_process_reaches_the_server() -> None:

@@ -160,6 +160,8 @@ REFUSED: list[tuple[str, dict[str, Any] | None, str]] = [
      "spec.opusWorkers must be at most 64, got 65"),
     ("opus-workers-negative", {"opusWorkers": -1},
      "spec.opusWorkers must be at least 0, got -1"),
+    ("intake-workers-too-many", {"intakeWorkers": 65},
+     "spec.intakeWorkers must be at most 64, got 65"),
     ("cpu-not-a-quantity", {"resources": {"cpu": "lots"}},
      "spec.resources.cpu must be a CPU quantity like '4' or '1500m', got 'lots'"),
     ("engine-process-string", {"engineProcess": "yes"},
