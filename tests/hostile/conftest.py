@@ -102,9 +102,13 @@ def running(workdir: Path, pod_flags: tuple[str, ...] = (),
         redis.stop()
 
 
-@pytest.fixture(scope="package")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    with running(tmp_path_factory.mktemp("hostile-io")) as started:
+@pytest.fixture(scope="package", params=["loop", "intake"])
+def platform(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """The pod reading its streams' messages on its event loop, then in two intake
+    processes: every attack is tried against both."""
+    flags = ("--intake-workers", "2") if request.param == "intake" else ()
+    with running(tmp_path_factory.mktemp("hostile-io"), pod_flags=flags) as started:
         yield started
 
 
