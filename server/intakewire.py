@@ -11,7 +11,7 @@ look at the rooms again). An intake process sends ``AUDIO`` (checked float32 sam
 ``MARKER``, ``INIT``, ``SLOW`` (a client message the pod takes itself, as it came:
 OggOpus; ``SLOW_PART`` for each piece of a long one but its last), ``FAULT`` (the
 stream ends: a refusal), ``GONE`` (the client left: its close code) and ``CLOSED``
-(the connection is closed, or was unknown).
+(an ``END``'s messages and close are written, or the connection is gone or unknown).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from asrpool.server import budgets, intakewire, outcomes
 _RECEIVE_BYTES = 1 << 20
 _AUDIO_CHUNK = 8192  # samples per AUDIO record (32 KiB)
 _SLOW_CHUNK = 32 << 10  # bytes per SLOW record
-_CLOSE_WAIT_S = 2.0  # for the client's answer to our close
+_CLOSE_WAIT_S = 10.0  # for the client's answer to our close, as uvicorn
 _LOOK_AGAIN_S = 1.0  # at an idle stream the pod holds back
 Message = tuple[str, Any]  # ("binary" | "text", data) or ("close", code) or ("refused", reason)
 
@@ -80,6 +80,7 @@ class Connection(asyncio.Protocol):
         self.waiting: str | None = None  # "room" or "ack": no message is taken meanwhile
         self.over = False  # a FAULT or GONE told: no more messages taken
         self.closing = False  # the pod's END is being done
+        self._end_due: tuple[list[bytes], int] | None = None
         self.unsent: list[bytes] = []  # results while the client reads nothing
         self.writing_paused = False
         self.heard = True  # anything from the client since the last ping
@@ -96,8 +97,8 @@ class Connection(asyncio.Protocol):
         self.unsent = []
         self._later("ping", self.limits.ping_interval, self._ping)
         self._later("idle", self.limits.idle_seconds, self._idle_check)
-        if self.closing:  # ended by the pod before the socket was here
-            transport.close()
+        if self._end_due is not None:  # ended by the pod before the socket was here
+            self.end(*self._end_due)
         elif self.waiting is not None:
             transport.pause_reading()
 
@@ -124,8 +125,13 @@ class Connection(asyncio.Protocol):
         self._timers.clear()
         self.intake.forget(self)
         if not self.over and not self.closing:
-            self._tell_gone(protocol.CloseCode.LOST)
-        self.intake.send(intakewire.record(intakewire.CLOSED, self.id))
+            # A close parsed while the messages before it were held back (the closing
+            # handshake ends the connection at once, as uvicorn's): a clean end all the
+            # same; those messages are not taken.
+            received = self.ws.close_rcvd
+            self._tell_gone(protocol.CloseCode.LOST if received is None else received.code)
+        if not self.closing:  # an END was answered already
+            self.intake.send(intakewire.record(intakewire.CLOSED, self.id))
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -275,30 +281,36 @@ class Connection(asyncio.Protocol):
         self.over = True
         self.intake.send(intakewire.record(intakewire.GONE, self.id,
                                            intakewire.CLOSE_CODE.pack(code)))
-        self._flush_ws()  # the answer to the client's close
-        if self.transport is not None and self.ws.close_expected():
-            self.transport.close()
+        self._flush_ws()  # the answer to the client's close, and the connection's end
 
     def end(self, last: list[bytes], close_code: int) -> None:
         """The pod ends the stream: its last messages (results, an ``Error``), then a
         close; the client's answer is waited for a while, then the connection closes."""
+        if self.transport is None:  # not connected yet: ended once it is
+            self._end_due = (last, close_code)
+            return
         self.closing = True
-        if self.transport is None or self.transport.is_closing():
+        if self.transport.is_closing():
+            self.intake.send(intakewire.record(intakewire.CLOSED, self.id))
             return
         self.send(last)
         if self.ws.state is ws_protocol.OPEN:
             self.ws.send_close(close_code)
         self._flush_ws()
-        self.transport.resume_reading()  # for the client's close
-        self._later("close", _CLOSE_WAIT_S, self._abort)
-        if self.ws.state is ws_protocol.CLOSED:
-            self.transport.close()
+        self.intake.send(intakewire.record(intakewire.CLOSED, self.id))  # the pod may go on
+        if not self.transport.is_closing():
+            self.transport.resume_reading()  # for the client's close
+            self._later("close", _CLOSE_WAIT_S, self._close_now)
 
     def _after_end(self) -> None:
         """Bytes after the stream's end: only a close (or the end of the stream) counts."""
         self.ws.events_received()
         self._flush_ws()
-        if self.closing and self.ws.state is ws_protocol.CLOSED and self.transport is not None:
+
+    def _close_now(self) -> None:
+        """No answer to our close: closed anyway (what is written still goes out; a
+        client that reads nothing meets the send deadline)."""
+        if self.transport is not None:
             self.transport.close()
 
     def _abort(self) -> None:
@@ -325,9 +337,14 @@ class Connection(asyncio.Protocol):
         self._flush_ws()
 
     def _flush_ws(self) -> None:
+        """What the websocket protocol has to send; its end of the stream (an empty
+        chunk: the closing handshake is done) closes the connection."""
         data = self.ws.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(data))
+        if not data or self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(b"".join(data))
+        if data[-1] == b"":
+            self.transport.close()
 
     def _send_late(self) -> None:
         """The client read nothing for the send deadline: aborted, its stream too_slow."""
@@ -348,19 +365,26 @@ class Connection(asyncio.Protocol):
             timer.cancel()
 
     def _ping(self) -> None:
-        """Ping every interval; a client from which nothing came within the timeout of a
-        ping is dropped, unless it is held back (then its bytes wait because of us)."""
-        if self.ws.state is ws_protocol.OPEN and not self.closing:
-            self.heard = False
-            self.ws.send_ping(b"")
-            self._flush_ws()
-            self._later("pong", self.limits.ping_timeout, self._pong_check)
-        self._later("ping", self.limits.ping_interval, self._ping)
+        """A ping an interval after the last one was answered (or its timeout passed
+        while the client was held back); a client from which nothing came within the
+        timeout of a ping is dropped, unless it is held back (then its bytes wait
+        because of us)."""
+        self._timers.pop("ping", None)
+        if self.ws.state is not ws_protocol.OPEN or self.closing:
+            return
+        self.heard = False
+        self.ws.send_ping(b"")
+        self._flush_ws()
+        self._later("pong", self.limits.ping_timeout, self._pong_check)
 
     def _pong_check(self) -> None:
         self._timers.pop("pong", None)
-        if not self.heard and self.waiting is None and not self.over and not self.closing:
+        if self.over or self.closing:
+            return
+        if not self.heard and self.waiting is None:
             self._abort()  # a close would wait for a buffer the client never reads
+            return
+        self._later("ping", self.limits.ping_interval, self._ping)
 
     def _idle_check(self) -> None:
         """No binary message for the idle timeout while this process waits for one and

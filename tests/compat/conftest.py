@@ -50,15 +50,20 @@ class Endpoint:
         return json.loads(body)
 
 
-@pytest.fixture(scope="package")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+@pytest.fixture(scope="package", params=["loop", "intake"])
+def platform(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """The pod reading its streams' messages on its event loop, then in two intake
+    processes: Kyutai's clients and every behaviour hold both ways."""
     workdir: Path = tmp_path_factory.mktemp("compat")
     redis = redis_servers.RedisServer(workdir)
     redis.start()
+    intake = ("--intake-workers", "2") if request.param == "intake" else ()
     pod = support.pod(
         redis.url, workdir, "compat", BATCH, "default",
         "--resume-grace-seconds", str(GRACE_S), "--idle-timeout-seconds", str(IDLE_S),
         "--ping-interval-seconds", str(PING_S), "--ping-timeout-seconds", str(PONG_S),
+        *intake,
     )
     router = support.router(
         redis.url, workdir, "--resume-grace-seconds", str(GRACE_S),
