@@ -92,9 +92,13 @@ class WordDecoder:
     def feed(self, text_token: int) -> list[Event]:
         self.step_idx += 1
         events = self._word_events(text_token) if self.step_idx >= self.delay else []
-        return events + self._due_markers()
+        if self.markers:  # most steps have none due, and most streams none waiting
+            events += self._due_markers()
+        return events
 
     def _word_events(self, token: int) -> list[Event]:
+        if token == PADDING and not self.word_tokens:  # most steps: nothing to say
+            return []
         events: list[Event] = []
         if token in (END_OF_PADDING, PADDING):
             if self.word_tokens:

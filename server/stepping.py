@@ -150,12 +150,15 @@ class Engine(abc.ABC):
     def _decode(self, slots: list[int], text_tokens: NDArray[np.int64], prs: NDArray[np.float32],
                 codes: NDArray[np.int64]) -> StepResult:
         events: dict[int, list[ev.Event]] = {}
-        for slot in slots:
-            decoder = self.decoders[slot]
-            token = int(text_tokens[slot])
-            slot_events = decoder.feed(token)
-            if self.has_extra_heads:
-                slot_events.insert(0, ev.Step(decoder.step_idx, tuple(map(float, prs[slot]))))
+        # The rows as Python numbers in one call each, not an element at a time.
+        tokens: list[int] = text_tokens[slots].tolist()
+        probs: list[list[float]] | None = prs[slots].tolist() if self.has_extra_heads else None
+        decoders = self.decoders
+        for row, slot in enumerate(slots):
+            decoder = decoders[slot]
+            slot_events = decoder.feed(tokens[row])
+            if probs is not None:
+                slot_events.insert(0, ev.Step(decoder.step_idx, tuple(probs[row])))
             events[slot] = slot_events
         return StepResult(events, slots, text_tokens, codes)
 
