@@ -64,13 +64,14 @@ def chart_values() -> dict[str, Any]:
 
 
 def pool(name: str, slots: int, revision: str | None = None, opus_workers: int = 0,
-         engine_process: bool = False) -> dict[str, Any]:
+         engine_process: bool = False, intake_workers: int = 0) -> dict[str, Any]:
     model: dict[str, Any] = {"name": "tiny", **({"revision": revision} if revision else {})}
     return {"apiVersion": f"{naming.GROUP}/{naming.VERSION}", "kind": naming.KIND,
             "metadata": {"name": name},
             "spec": {"model": model, "slots": slots, "slotsPerPod": 1,
                      "imagePullPolicy": "Never", "drainGracePeriodSeconds": 60,
                      "opusWorkers": opus_workers, "engineProcess": engine_process,
+                     "intakeWorkers": intake_workers,
                      "resources": {"gpus": 0, "cpu": "100m", "memory": "1Gi"}}}
 
 
@@ -158,9 +159,11 @@ def test_streams_through_the_routers_service_get_words_pcm_and_opus_through_lane
     the router's Service by its DNS name, through kube-proxy and CoreDNS: once as PCM,
     once as Ogg Opus, which the pool's pod decodes in its Opus lanes (``opusWorkers``),
     child processes of the locked-down server container; its model runs in an engine
-    process too (``engineProcess``)."""
+    process too (``engineProcess``), and its streams' messages are read in intake
+    processes (``intakeWorkers``)."""
     namespace = release.namespace
-    cluster.apply(namespace, pool("stt", slots=1, opus_workers=2, engine_process=True))
+    cluster.apply(namespace, pool("stt", slots=1, opus_workers=2, engine_process=True,
+                                  intake_workers=2))
     (server,) = asyncio.run(eventually(lambda: serving(cluster, namespace, "stt", 1),
                                        STARTUP, period=2.0))
     cluster.kubectl("create", "configmap", "sample", "-n", namespace,
