@@ -94,6 +94,7 @@ async def watch_pools(client: aioredis.Redis, meters: metrics.Metrics, period: f
             for pool, body in snapshot["pools"].items():
                 meters.free_slots.labels(pool).set(body["free_slots"])
                 meters.malformed_heartbeats.labels(pool).set(len(body["malformed_heartbeats"]))
+                meters.unread_pods.labels(pool).set(body["unread_pods"])
         await asyncio.sleep(period)
 
 

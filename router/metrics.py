@@ -49,6 +49,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
+        self.unread_pods = prometheus_client.Gauge(
+            "asrpool_router_unread_pods",
+            "Entries of the pool's lease set past the most a router reads per pass (4,096, "
+            "the latest leases): a pool flooded by whoever writes it",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
         self.admission_seconds = prometheus_client.Histogram(
             "asrpool_router_admission_seconds",
             "Time from upgrade to the pod's Ready",

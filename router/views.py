@@ -91,6 +91,9 @@ async def pools_json(redis: aioredis.Redis, pricing: Pricing | None = None) -> d
             "pods": [p.to_json() for p in pods],
             # Records that are no heartbeat (pod id and why): no pod to any router.
             "malformed_heartbeats": malformed,
+            # Lease entries past the most a router reads (registry.MAX_PODS_READ): a
+            # pool's lease set filled by whoever writes it.
+            "unread_pods": await registry.unread_pods(redis, pool),
         }
     return {"pools": out}
 

@@ -45,6 +45,9 @@ KEY_PREFIX = "asrpool"
 POOLS_KEY = f"{KEY_PREFIX}:pools"
 DEFAULT_POOL = "default"
 DEFAULT_LEASE_MS = 3000
+# Pods of a pool that routers read per pass (the latest leases): a pool of 1,024-slot
+# pods reaches four million slots, one of 8-slot pods 32,768.
+MAX_PODS_READ = 4096
 
 
 def in_namespace(namespace: str, name: str) -> str:
@@ -308,8 +311,17 @@ async def read_pool(redis: aioredis.Redis, pool: str,
 
 
 async def listed_pods(redis: aioredis.Redis, pool: str) -> list[str]:
-    """The pod ids in the pool's lease set, dead ones too until someone drops them."""
-    return [as_text(p) for p in await redis.zrange(pool_pods_key(pool), 0, -1)]
+    """The pod ids in the pool's lease set, dead ones too until someone drops them: the
+    :data:`MAX_PODS_READ` latest leases at most, oldest first. Whoever may write a
+    pool's lease set (its pods' Redis user) can fill it; every router reads it every
+    second, so what it reads is bounded, and a flooded pool hurts only itself."""
+    newest = await redis.zrange(pool_pods_key(pool), 0, MAX_PODS_READ - 1, desc=True)
+    return [as_text(p) for p in reversed(newest)]
+
+
+async def unread_pods(redis: aioredis.Redis, pool: str) -> int:
+    """Entries of the pool's lease set beyond what :func:`listed_pods` reads."""
+    return max(0, int(await redis.zcard(pool_pods_key(pool))) - MAX_PODS_READ)
 
 
 async def read_pools(redis: aioredis.Redis) -> list[str]:

@@ -375,3 +375,39 @@ async def test_a_forged_heartbeat_is_skipped_and_counted_never_a_500(
     support.wait_until(
         lambda: f'asrpool_router_malformed_heartbeats{{pool="{pool}"}} 1.0'
         in support.http_get(router.url + "/metrics")[1].decode(), 10, "the gauge")
+
+
+async def test_a_flooded_lease_set_costs_every_router_a_bounded_read_and_no_neighbour_its_pod(
+    router: support.RouterProcess, redis: aioredis.Redis
+) -> None:
+    """Whoever writes a pool's lease set (its pods' Redis user) puts 10,000 live entries
+    in it: the router reads the latest 4,096 of them per pass and says how many it left
+    (/api/pools, a gauge), and a neighbour pool's streams are admitted as ever."""
+    flooded, neighbour = "relay-flooded", "relay-neighbour"
+    pod = await start(redis, neighbour, _echo_words)
+    until = await registry.redis_now_ms(redis) + 120_000
+    await redis.zadd(registry.pool_pods_key(flooded),
+                     {f"fake-{i}": until for i in range(10_000)})
+    await redis.sadd(registry.POOLS_KEY, flooded)
+    read_before = await _hgetall_calls(redis)
+    await asyncio.sleep(2.5)  # two passes of the router's pool watch, or three
+    read = await _hgetall_calls(redis) - read_before
+    assert read <= 3 * (registry.MAX_PODS_READ + 50), read
+    status, body = support.http_get(router.url + "/api/pools")
+    assert status == 200, body
+    assert json.loads(body)["pools"][flooded]["unread_pods"] == 10_000 - registry.MAX_PODS_READ
+    support.wait_until(
+        lambda: f'asrpool_router_unread_pods{{pool="{flooded}"}} 5904.0'
+        in support.http_get(router.url + "/metrics")[1].decode(), 10, "the gauge")
+    ws = await connect(router, neighbour)
+    await ws.send(AUDIO)
+    assert msgpack.unpackb(await asyncio.wait_for(ws.recv(), 10))["type"] == "Word"
+    await ws.close()
+    await asyncio.wait_for(pod.done.wait(), 10)
+    await redis.delete(registry.pool_pods_key(flooded))
+    await redis.srem(registry.POOLS_KEY, flooded)
+
+
+async def _hgetall_calls(redis: aioredis.Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
