@@ -356,9 +356,6 @@ class IntakeWorkers:
         self.workers[worker.index] = self._start(worker.index)
         self._on_restart(worker.index)
 
-    def pids(self) -> list[int]:
-        return [worker.process.pid for worker in self.workers]
-
     def hand_over(self, connection: framing.WebSocketProtocol,
                   handle: handles.Handle) -> Remote:
         """The accepted connection goes to the least busy intake process, with its
@@ -385,9 +382,13 @@ class IntakeWorkers:
                 worker.send_record(intakewire.TICK, 0)
 
     def close(self) -> None:
+        """Close the processes' sockets (on the event loop): each then exits."""
         self._closing = True
         for worker in self.workers:
             worker.close()
+
+    def wait(self) -> None:
+        """Wait for the processes to exit (in a thread: it blocks), killing any late."""
         for worker in self.workers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.process.wait(5)

@@ -37,7 +37,7 @@ from websockets import frames
 from websockets import protocol as ws_protocol
 
 from asrpool.common import framing, protocol
-from asrpool.server import budgets, intakewire, outcomes
+from asrpool.server import budgets, inputs, intakewire, outcomes
 
 _RECEIVE_BYTES = 1 << 20
 _AUDIO_CHUNK = 8192  # samples per AUDIO record (32 KiB)
@@ -70,7 +70,7 @@ class Connection(asyncio.Protocol):
         self.limits = limits = intake.limits
         self.loop = intake.loop
         self.received = opening.received  # samples of the stream sent to the pod, in all
-        self.kind = opening.kind
+        self.input = inputs.StreamInput(kind=opening.kind)  # its kind of audio, once fixed
         self.ws = framing.RefusingConnection(limits.max_bytes, state=ws_protocol.OPEN)
         self.budget = budgets.MessageBudget(limits.rate, limits.burst)
         self.transport: asyncio.Transport | None = None
@@ -237,7 +237,7 @@ class Connection(asyncio.Protocol):
 
     def _forward(self, decoded: protocol.ClientMessage, data: bytes) -> None:
         if decoded["type"] == "Audio":
-            self._claim("Audio")
+            self.input.claim("Audio")
             self._audio(decoded["pcm"])
         elif decoded["type"] == "Marker":
             self.intake.send(intakewire.record(
@@ -245,21 +245,13 @@ class Connection(asyncio.Protocol):
         elif decoded["type"] == "Init":
             self.intake.send(intakewire.record(intakewire.INIT, self.id))
         else:  # OggOpus: the pod decodes it (its lanes, or its loop) and says when done
-            self._claim("OggOpus")
+            self.input.claim("OggOpus")
             for at in range(0, max(len(data), 1), _SLOW_CHUNK):
                 last = at + _SLOW_CHUNK >= len(data)
                 self.intake.send(intakewire.record(
                     intakewire.SLOW if last else intakewire.SLOW_PART, self.id,
                     data[at:at + _SLOW_CHUNK]))
             self._wait("ack")
-
-    def _claim(self, kind: str) -> None:
-        if self.kind is None:
-            self.kind = kind
-        elif self.kind != kind:
-            raise protocol.ProtocolError(
-                f"this stream sends {self.kind}; {kind} cannot be mixed in "
-                "(one kind of audio per stream)", protocol.ErrorCode.MIXED_AUDIO)
 
     def _audio(self, pcm: NDArray[np.float32]) -> None:
         samples = np.ascontiguousarray(pcm, dtype=np.float32)

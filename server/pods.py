@@ -137,7 +137,8 @@ class Pod:
         if self.lanes is not None:
             await asyncio.to_thread(self.lanes.close)
         if self.intake is not None:
-            await asyncio.to_thread(self.intake.close)
+            self.intake.close()
+            await asyncio.to_thread(self.intake.wait)
 
     def _open_runner(self, loop: asyncio.AbstractEventLoop) -> engine_loop.Runner:
         """The engine in its own process (``--engine-process``: the settings name the
