@@ -273,6 +273,31 @@ def check(pool: Pool) -> None:
         _check_gpu_budget(pool, pool.autoscaling.max_slots, "spec.autoscaling.maxSlots")
 
 
+def check_release_namespace(pool: Pool, release_namespace: str | None,
+                            service_account: str | None) -> None:
+    """A pool in the operator's own namespace may name neither the operator's service
+    account nor any Secret: the operator would run its pods with what the pool's writer
+    may not have (the Redis admin password, the seeds, the operator's rights). Pools
+    elsewhere are for their namespace's own RBAC."""
+    if release_namespace is None or pool.namespace != release_namespace:
+        return
+    if service_account and pool.template.service_account == service_account:
+        raise specs.InvalidSpec(
+            f"spec.serviceAccountName: {service_account!r} is the operator's own service "
+            "account; server pods may not run as it (name another, or none)")
+    named = [*(f"{field}: {ref.name}" for field, ref in (
+        ("spec.auth.apiKeysSecret", pool.api_keys), ("spec.auth.podTokenSecret", pool.pod_token))
+        if ref is not None)]
+    if pool.source.token is not None:
+        named.append(f"spec.model.tokenSecret: {pool.source.token.secret}")
+    named += templates.secret_references(pool.template)
+    if named:
+        raise specs.InvalidSpec(
+            f"{named[0]} names a Secret, and pools in the operator's namespace "
+            f"{release_namespace!r} may name none (its Secrets hold the platform's own "
+            "credentials); put the pool in a namespace of its own")
+
+
 def check_auth(pool: Pool) -> None:
     """Pods with API keys let in a router only by its pod token: the router checks the
     client's key and never forwards it. Checked once the operator's own token (if it

@@ -61,7 +61,10 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
     beats = await _read_beats(context, naming.registry_name(namespace, name))
     measured = _measured(body, beats)
     try:
-        pool = children.with_pod_token(pools.from_body(body, measured), context.config)
+        written = pools.from_body(body, measured)
+        pools.check_release_namespace(written, context.config.release_namespace,
+                                      context.config.service_account)
+        pool = children.with_pod_token(written, context.config)
         pools.check_auth(pool)
     except specs.InvalidSpec as exc:
         return await _observe_invalid(context, body, str(exc), beats)

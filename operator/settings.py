@@ -88,6 +88,16 @@ class OperatorSettings(redis_clients.RedisCredentials):
     # from the chart's Secret). None: pools' pods take the token their spec names, if any.
     pod_token_seed: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="seed of each pool's own router-to-pod token")
+    # Where the operator itself runs, and as whom (the chart sets both from the downward
+    # API): a pool in that namespace may name neither the operator's service account nor
+    # any Secret there (the Redis admin password, the seeds), which its pods would then
+    # hold though the pool's writer may not read them (pools.check_release_namespace).
+    release_namespace: str | None = pydantic.Field(
+        default=None, description="the operator's own namespace: pools there may reference "
+        "no Secret (unset: no such check)")
+    service_account: str | None = pydantic.Field(
+        default=None, description="the operator's own service account, which no pool in its "
+        "namespace may run its pods as")
     # Several replicas: the name of the kopf peering object (a KopfPeering in each
     # watched namespace, a ClusterKopfPeering with all_namespaces). The replica of the
     # highest priority acts and the others wait; none (the default) runs standalone.

@@ -143,3 +143,31 @@ def _named(spec: specs.Section, field: str) -> tuple[Child, ...]:
     if doubled and field != "volumeMounts":
         raise spec.error(field, f"names {doubled[0]!r} twice")
     return tuple(dict(item.raw) for item in items)
+
+
+def secret_references(template: PodTemplate) -> list[str]:
+    """Where the pass-through fields name a Secret (an environment variable's
+    ``secretKeyRef``, an ``envFrom`` ``secretRef``, a volume of any type with a secret in
+    it, projected sources included): each as ``field: name``. Image pull secrets are not
+    among them (the kubelet uses them; the pod never sees them)."""
+    found = []
+    for field, entries in (("spec.env", template.env), ("spec.envFrom", template.env_from),
+                           ("spec.volumes", template.volumes)):
+        for entry in entries:
+            if _names_a_secret(entry):
+                found.append(f"{field}: {entry.get('name') or _secret_name(entry)}")
+    return found
+
+
+def _names_a_secret(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any("secret" in str(key).lower() or _names_a_secret(inner)
+                   for key, inner in value.items())
+    if isinstance(value, list):
+        return any(_names_a_secret(item) for item in value)
+    return False
+
+
+def _secret_name(entry: Mapping[str, Any]) -> str:
+    ref = entry.get("secretRef")
+    return str(ref.get("name", "")) if isinstance(ref, Mapping) else "?"
