@@ -132,6 +132,10 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     gpus_per_pod: float = pydantic.Field(default=1.0, ge=0, description="GPUs of one server pod")
     log_level: str = pydantic.Field(default="info", description="uvicorn log level")
 
+    def asks_no_key(self) -> bool:
+        """No API key file: anyone who reaches the router may stream."""
+        return self.api_keys_file is None
+
     @pydantic.model_validator(mode="after")
     def _one_kind_of_pod_token(self) -> RouterSettings:
         if self.pod_token is not None and self.pod_token_seed is not None:

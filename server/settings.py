@@ -219,6 +219,10 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
             return self.engine_process
         return self.device.startswith("cuda") or self.paced_engine is not None
 
+    def asks_no_key(self) -> bool:
+        """Neither API keys nor a pod token: anyone who reaches the port may stream."""
+        return self.api_keys_file is None and self.pod_token is None
+
     @property
     def intake_processes(self) -> int:
         """``intake_workers``, or where unset, where they win: beside a GPU's engine (or

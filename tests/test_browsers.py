@@ -41,7 +41,32 @@ def test_a_foreign_origin_is_403_naming_the_setting(method: str) -> None:
 @pytest.mark.parametrize("origin", [None, f"http://{HOST}", f"https://{HOST.upper()}"])
 def test_no_origin_or_the_servers_own_passes(origin: str | None) -> None:
     headers = {"origin": origin} if origin else {}
-    assert limits.request_problem(_request("GET", **headers), _limits()) is None
+    keyed = _limits(api_keys_file="keys.json")
+    assert limits.request_problem(_request("GET", **headers), keyed) is None
+
+
+@pytest.mark.parametrize("keyless", [
+    server_settings.ServerSettings(), router_settings.RouterSettings()])
+def test_without_keys_the_servers_own_dns_name_is_refused_as_a_rebinding_could_use_it(
+        keyless: limits.LimitSettings) -> None:
+    """DNS rebinding: a page at evil.example whose name now resolves to this server sends
+    Origin and Host alike; with no key asked, only a listed origin passes by name."""
+    headers = {"origin": f"http://{HOST}"}
+    problem = limits.request_problem(_request("GET", **headers), keyless.connection_limits)
+    assert problem is not None and problem[0] is HTTPStatus.FORBIDDEN
+    assert "DNS name" in problem[1] and "rebound" in problem[1]
+    assert "--allowed-origins (ASRPOOL_ALLOWED_ORIGINS)" in problem[1]
+    listed = keyless.model_copy(update={"allowed_origins": f"http://{HOST}"})
+    assert limits.request_problem(_request("GET", **headers), listed.connection_limits) is None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8000", "[::1]:8000", "localhost:8000",
+                                  "10.1.2.3"])
+def test_without_keys_the_servers_own_address_or_localhost_passes(host: str) -> None:
+    request = h11.Request(method="GET", target="/api/asr-streaming", headers=[
+        ("host", host), ("upgrade", "websocket"), ("connection", "Upgrade"),
+        ("origin", f"http://{host}")])
+    assert limits.request_problem(request, _limits()) is None
 
 
 @pytest.mark.parametrize(("allowed", "passes"), [

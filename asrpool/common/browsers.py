@@ -7,8 +7,10 @@ Browsers name the page's origin in an ``Origin`` header on both (other clients s
 none), so pods and routers refuse, from the request head:
 
 - a websocket upgrade or a POST whose ``Origin`` is neither the server's own (the same
-  host and port as the request's ``Host``: the router's live page) nor one of
-  ``--allowed-origins`` (comma-separated; ``*`` any), with HTTP 403;
+  host and port as the request's ``Host``: the router's live page; on a server that
+  asks no API key, only by an IP address or ``localhost``, since a DNS name can be
+  rebound to the server) nor one of ``--allowed-origins`` (comma-separated; ``*`` any),
+  with HTTP 403;
 - a POST whose content type is not an audio file's (``--upload-content-types``:
   ``audio/*``, ``application/ogg``, ``application/octet-stream`` by default), with 415:
   the form types a page can send without asking (``text/plain``, ``multipart/form-data``,
@@ -18,6 +20,7 @@ none), so pods and routers refuse, from the request head:
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from urllib import parse
 
@@ -39,17 +42,36 @@ def origins(text: str) -> tuple[str, ...]:
     return tuple(origin.rstrip("/") for origin in entries(text))
 
 
-def origin_problem(headers: Headers, allowed: Sequence[str]) -> str | None:
+def origin_problem(headers: Headers, allowed: Sequence[str], keyless: bool = False) -> str | None:
     """Why a request with these headers may not come from its page, or None
-    (``allowed``: :func:`origins`)."""
+    (``allowed``: :func:`origins`). ``keyless``: the server asks no key, so a page that
+    had a DNS name of its own rebound to this server's address (its Origin then matches
+    the Host its visitors' browsers send) would use it as them: the server's own origin
+    then counts by an IP address or ``localhost`` only, a DNS name only when allowed."""
     origin = _header(headers, b"origin")
     if origin is None or ANY in allowed or origin.lower() in allowed:
         return None
     host = _header(headers, b"host")
     if host is not None and parse.urlsplit(origin).netloc.lower() == host.lower():
-        return None
+        if not keyless or _not_rebindable(host):
+            return None
+        return (f"origin {origin!r} names this server by a DNS name, and it asks no API key:"
+                " a page whose name was rebound to this address would reach it through its"
+                f" visitors' browsers; list the origin in {ORIGINS_FLAG}")
     return (f"origin {origin!r} may not use this server: a page there would reach it"
             f" through its visitors' browsers; allow it with {ORIGINS_FLAG}")
+
+
+def _not_rebindable(host: str) -> bool:
+    """An IP address or localhost: no page elsewhere can take that name."""
+    name = parse.urlsplit("//" + host).hostname or ""
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def content_type_problem(headers: Headers, allowed: Sequence[str]) -> str | None:

@@ -70,6 +70,7 @@ class Limits:
     send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT_S
     allowed_origins: tuple[str, ...] = ()  # browsers.origins
     upload_content_types: tuple[str, ...] = browsers.entries(browsers.DEFAULT_UPLOAD_TYPES)
+    keyless: bool = False  # no API key asked: browsers.origin_problem
 
 
 MaxConnections = Annotated[int, pydantic.Field(
@@ -107,10 +108,16 @@ class LimitSettings(pydantic.BaseModel):
         default=browsers.DEFAULT_UPLOAD_TYPES, description="content types a POST may have"
         " (comma-separated, type/* a family; else HTTP 415)")
 
+    def asks_no_key(self) -> bool:
+        """Whether anyone may stream here without a key (each server's settings say)."""
+        return False
+
     @property
     def connection_limits(self) -> Limits:
         given: dict[str, Any] = {field.name: getattr(self, field.name)
-                                 for field in dataclasses.fields(Limits)}
+                                 for field in dataclasses.fields(Limits)
+                                 if field.name != "keyless"}
+        given["keyless"] = self.asks_no_key()
         given["allowed_origins"] = browsers.origins(self.allowed_origins)
         given["upload_content_types"] = browsers.entries(self.upload_content_types)
         return Limits(**given)
@@ -243,7 +250,7 @@ def _browser_problem(request: h11.Request, limits: Limits) -> Problem | None:
     posted = request.method == b"POST"
     if not (posted or websocket_upgrade(request)):
         return None
-    problem = browsers.origin_problem(request.headers, limits.allowed_origins)
+    problem = browsers.origin_problem(request.headers, limits.allowed_origins, limits.keyless)
     if problem is not None:
         return HTTPStatus.FORBIDDEN, problem, ()
     problem = browsers.content_type_problem(request.headers, limits.upload_content_types) \
