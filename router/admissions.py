@@ -177,6 +177,12 @@ class Admissions:
         if recorded is None:
             return Refused(scripts.Denial.BAD_RESUME_TOKEN)
         pod_id = registry.as_text(recorded)
+        # A session its key no longer counts (its router died, its hold lapsed) counts
+        # again only within the key's max_streams: resumes must not open a way past it.
+        if request.key_id and not await self._key_reserve(
+                keys=[keys.key_sessions(request.key_id)],
+                args=scripts.KeyArgs(sid, request.key_limit, c.hold_ms)):
+            return Refused(scripts.Denial.KEY_LIMIT)
         args = scripts.ResumeArgs(sid, request.token.sha256, request.key_id, request.conn,
                                   c.hold_ms, c.router_id, pod_id)
         reply = scripts.ResumeReply.decode(await self._resume(

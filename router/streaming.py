@@ -159,7 +159,7 @@ async def _resume(
     if not key.allows(token.pool):
         await forbid(ws, key.refusal(token.pool), deps)
         return
-    request = admissions.Request(token.pool, key.id, 0, token, conn)
+    request = admissions.Request(token.pool, key.id, key.max_streams or 0, token, conn)
     placed = await _placed_or_unavailable(placing.resume(request, deps), "resume", deps)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)

@@ -285,6 +285,25 @@ async def test_resume_needs_the_token_the_key_and_a_live_pod(
     )
 
 
+async def test_a_resume_counts_against_its_keys_max_streams_again(
+    redis: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """A held session its key no longer counts (its router died and its hold lapsed)
+    resumes only within the key's max_streams: a key of one stream that opened another
+    meanwhile is refused (it was let through: two streams on a key of one)."""
+    await support.beat(redis, "a", total=4)
+    s = store(redis, redis_server.url)
+    req, held = await held_for_resume(s)
+    await redis.zrem(keys.key_sessions("team"), held.session_id)  # the hold lapsed
+    other = await s.admit(request(key_id="team", limit=1))
+    assert isinstance(other, admissions.Session)
+    resume = admissions.Request("", "team", 1, req.token, "c2")
+    assert await s.resume(resume) == admissions.Refused("key_limit")
+    await s.release(other)
+    assert isinstance(await s.resume(resume), admissions.Session)  # within the limit
+    assert await redis.zcard(keys.key_sessions("team")) == 1
+
+
 async def test_a_detached_session_holds_its_slot_for_the_grace_period(
     redis: aioredis.Redis, redis_server: RedisServer
 ) -> None:
