@@ -87,7 +87,12 @@ async def test_a_pod_user_cannot_list_members_announce_pools_or_touch_sessions(
 
 @pytest.mark.parametrize("command", [("FLUSHALL",), ("SCRIPT", "FLUSH"), ("KEYS", "*"),
                                      ("CLIENT", "KILL", "TYPE", "normal"), ("ACL", "LIST"),
-                                     ("CONFIG", "GET", "*"), ("PUBLISH", "c", "x")])
+                                     ("CONFIG", "GET", "*"), ("PUBLISH", "c", "x"),
+                                     # a script that wrote, then looped, would stall Redis
+                                     # for every namespace, unkillable (SCRIPT KILL refuses)
+                                     ("EVAL", "return 1", "0"), ("SCRIPT", "LOAD", "return 1"),
+                                     ("EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
+                                      "0")])
 async def test_a_pod_user_has_no_keyless_command_that_reaches_other_namespaces(
         pod_b: aioredis.Redis, command: tuple[str, ...]) -> None:
     with pytest.raises(redis.exceptions.NoPermissionError):

@@ -18,10 +18,11 @@ pool's namespace: a key these patterns match is always one of the namespace's po
 
 Not the members list (the operator's), the pools set (the operator adds the pool as it
 lists the members), sessions, API keys or queues. The commands are the few that the
-pod's scripts and its connection use; no keyless command that could touch another
-namespace (``FLUSHALL``, ``SCRIPT FLUSH``, ``KEYS``, ``CLIENT KILL``, ``ACL``) and no
-channel. Works on Redis 6.2 and later (the scripts' own calls are checked against the
-calling user), and on a Redis Cluster, where the user is set on every node.
+pod's transactions and its connection use; no keyless command that could touch another
+namespace (``FLUSHALL``, ``SCRIPT FLUSH``, ``KEYS``, ``CLIENT KILL``, ``ACL``), no
+script (``EVAL``: a script that writes and then loops cannot be killed) and no channel.
+Works on Redis 6.2 and later, and on a Redis Cluster, where the user is set on every
+node.
 
 The password is derived from the operator's seed (asrpool.common.seeds) and sent to
 Redis only as its SHA-256 (``#hash``).
@@ -37,13 +38,15 @@ import redis.asyncio.cluster as aiocluster
 from asrpool.common import redis_clients, registry
 
 POD_USER_PREFIX = "asrpool-pods-"
-# What a server pod sends: its scripts (registry: claim, beat, remove) and their calls,
-# redis-py's connection setup (AUTH, HELLO; CLIENT SETINFO is refused, which redis-py
-# ignores), PING, and on a Redis Cluster the cluster client's map of slots to nodes
-# (CLUSTER SLOTS: addresses and slot ranges) and its table of commands (COMMAND); no key.
-POD_COMMANDS = ("auth", "hello", "select", "ping", "time", "evalsha", "eval", "script|load", "get",
-                "set", "del", "hset", "pexpire", "zadd", "zrem", "cluster|slots",
-                "command")
+# What a server pod sends: its transactions (registry: claim, beat, remove: the owner
+# watched, then the writes), redis-py's connection setup (AUTH, HELLO; CLIENT SETINFO is
+# refused, which redis-py ignores), PING, TIME, and on a Redis Cluster the cluster
+# client's map of slots to nodes (CLUSTER SLOTS: addresses and slot ranges) and its table
+# of commands (COMMAND); no key. No script: one that writes and then loops cannot be
+# killed, and every client of the Redis would wait on it.
+POD_COMMANDS = ("auth", "hello", "select", "ping", "time", "watch", "unwatch", "multi",
+                "exec", "discard", "get", "set", "del", "hset", "pexpire", "zadd", "zrem",
+                "cluster|slots", "command")
 
 
 def pod_user(namespace: str) -> str:

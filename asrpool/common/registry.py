@@ -37,9 +37,11 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis import exceptions as redis_exceptions
 
 KEY_PREFIX = "asrpool"
 POOLS_KEY = f"{KEY_PREFIX}:pools"
@@ -133,49 +135,6 @@ class PodIdTaken(RuntimeError):
     """Another live process holds this pod id."""
 
 
-_PRELUDE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- KEYS[1] is the owner key; ARGV[1] this process's instance ('' when it has none)
-local function owns(lease_ms)
-  if ARGV[1] == '' then return true end
-  local owner = redis.call('GET', KEYS[1])
-  if owner and owner ~= ARGV[1] then return false end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', lease_ms)
-  return true
-end
-"""
-
-# KEYS: owner. ARGV: instance, lease_ms. Returns 1 when this instance holds the id.
-_CLAIM = _PRELUDE + """
-return owns(tonumber(ARGV[2])) and 1 or 0
-"""
-
-# KEYS: owner, pod hash, pool set, then the pool's known key to announce it in (or
-# none). ARGV: instance, lease_ms, pod_id, pool, then the hash's field/value pairs.
-# Returns 0 (writing nothing) when another process owns the id.
-_BEAT = _PRELUDE + """
-local lease_ms = tonumber(ARGV[2])
-if not owns(lease_ms) then return 0 end
-local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', KEYS[2], 'updated_ms', now, unpack(fields))
-redis.call('PEXPIRE', KEYS[2], lease_ms)
-redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[3])
-if KEYS[4] then redis.call('SET', KEYS[4], '1') end
-return 1
-"""
-
-# KEYS: owner, pod hash, pool set. ARGV: instance, pod_id. Another owner's keys stay.
-_REMOVE = """
-local owner = redis.call('GET', KEYS[1])
-if ARGV[1] ~= '' and owner and owner ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[2])
-return 1
-"""
-
-
 class MalformedHeartbeat(ValueError):
     """A pod's record that is not a heartbeat (a field missing, or not a number where
     one is due): skipped by every reader, never taken for a pod."""
@@ -249,17 +208,22 @@ async def write_heartbeat(
     """Publish one heartbeat atomically (hash, lease, pool membership), timed by Redis,
     and with ``announce`` make its pool known (:func:`announce`). With an ``instance``,
     only while that process owns the pod id: False if another does."""
-    fields = beat.to_hash()
-    fields.pop("updated_ms")
-    pairs = [item for pair in fields.items() for item in pair]
-    keys = [pod_owner_key(beat.pool, beat.pod_id), pod_key(beat.pool, beat.pod_id),
-            pool_pods_key(beat.pool),
-            *([pool_known_key(beat.pool)] if announce else [])]
-    script = redis.register_script(_BEAT)
-    written = bool(await script(keys=keys, args=[instance, lease_ms, beat.pod_id, beat.pool,
-                                                 *pairs]))
+    fields: dict[Any, Any] = beat.to_hash()
+    now = await redis_now_ms(redis)
+    fields["updated_ms"] = now
+    pod, pool_set = pod_key(beat.pool, beat.pod_id), pool_pods_key(beat.pool)
+
+    def writes(tx: Any) -> None:
+        tx.hset(pod, mapping=fields)
+        tx.pexpire(pod, lease_ms)
+        tx.zadd(pool_set, {beat.pod_id: now + lease_ms})
+        if announce:
+            tx.set(pool_known_key(beat.pool), "1")
+
+    written = await _as_owner(redis, pod_owner_key(beat.pool, beat.pod_id), instance,
+                              lease_ms, writes)
     if written and announce:
-        await redis.sadd(POOLS_KEY, beat.pool)  # another slot: not in the script
+        await redis.sadd(POOLS_KEY, beat.pool)  # another slot: not in the transaction
     return written
 
 
@@ -267,8 +231,36 @@ async def claim(redis: aioredis.Redis, pool: str, pod_id: str, instance: str,
                 lease_ms: int = DEFAULT_LEASE_MS) -> bool:
     """Hold (or renew) the pod id in its pool for this process; False while another
     process does."""
-    script = redis.register_script(_CLAIM)
-    return bool(await script(keys=[pod_owner_key(pool, pod_id)], args=[instance, lease_ms]))
+    return await _as_owner(redis, pod_owner_key(pool, pod_id), instance, lease_ms,
+                           lambda tx: None)
+
+
+async def _as_owner(redis: aioredis.Redis, owner: str, instance: str, lease_ms: int | None,
+                    writes: Callable[[Any], None]) -> bool:
+    """Run ``writes`` in one transaction while this process owns the pod id (or nobody
+    does: it takes the id, for ``lease_ms``), or with no ``instance`` at all; False,
+    writing nothing, while another process owns it. The owner is watched, so a change
+    between the check and the writes fails the transaction, which is tried again. No
+    script: a namespace's pod user may run none (``redis_acl``), as a script that
+    writes and then loops would stall every client of the Redis."""
+    async with redis.pipeline(transaction=True) as pipeline:
+        tx: Any = pipeline  # a cluster's pipeline or a server's, as the client is
+        while True:
+            try:
+                if instance:
+                    await tx.watch(owner)
+                    held = await tx.get(owner)
+                    if held is not None and as_text(held) != instance:
+                        await tx.reset()
+                        return False
+                    tx.multi()
+                    if lease_ms is not None:
+                        tx.set(owner, instance, px=lease_ms)
+                writes(tx)
+                await tx.execute()
+                return True
+            except redis_exceptions.WatchError:
+                continue
 
 
 async def claim_at_start(redis: aioredis.Redis, pool: str, pod_id: str, instance: str,
@@ -287,9 +279,13 @@ async def claim_at_start(redis: aioredis.Redis, pool: str, pod_id: str, instance
 async def remove_pod(redis: aioredis.Redis, pod_id: str, pool: str, instance: str = "") -> bool:
     """Withdraw a pod at a clean exit, without waiting for its lease; with an
     ``instance``, only the record that process owns (False: another process's, kept)."""
-    script = redis.register_script(_REMOVE)
-    keys = [pod_owner_key(pool, pod_id), pod_key(pool, pod_id), pool_pods_key(pool)]
-    return bool(await script(keys=keys, args=[instance, pod_id]))
+    owner, pod, pool_set = pod_owner_key(pool, pod_id), pod_key(pool, pod_id), pool_pods_key(pool)
+
+    def writes(tx: Any) -> None:
+        tx.delete(owner, pod)
+        tx.zrem(pool_set, pod_id)
+
+    return await _as_owner(redis, owner, instance, None, writes)
 
 
 async def read_pool(redis: aioredis.Redis, pool: str,
