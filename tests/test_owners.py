@@ -53,6 +53,10 @@ ALLOWED = {
     # The Opus lanes: long-lived children fed on their stdin by a writer thread and read
     # on their stdout by a reader thread, for the pod's whole life (no log file).
     ROOT / "server" / "opuslanes.py": {POPEN},
+    # The intake processes: long-lived children handed their end of a socket pair and a
+    # shared memory file by descriptor (pass_fds), for the pod's whole life; their
+    # output is the pod's own (its log).
+    ROOT / "server" / "intake.py": {POPEN},
     # tar streams an image into ctr's stdin, both ended within the call: a pipe between
     # two one-shot tools.
     ROOT / "asrpool" / "localcluster" / "containerd.py": {POPEN},
