@@ -74,7 +74,6 @@ class Remote:
         self.wake = asyncio.Event()
         self.closed = asyncio.get_running_loop().create_future()
         self.close_code = protocol.CloseCode.NORMAL
-        self.unclaimed = handle.kind() is None  # the first audio fixes the stream's kind
         self._partial = bytearray()
 
     def send(self, messages: list[bytes]) -> bool:
@@ -88,11 +87,14 @@ class Remote:
         if self.inbox:
             self.queue(intakewire.AUDIO, bytes(payload))
             return None
-        if self.unclaimed:
+        return self.handle.slot, self.handle.generation, self._pcm(payload), 0
+
+    def _pcm(self, payload: memoryview | bytes) -> NDArray[np.float32]:
+        """An ``AUDIO`` record's samples (checked by the intake process); the stream's
+        first audio fixes its kind."""
+        if self.handle.kind() is None:
             self.handle.claim("Audio")
-            self.unclaimed = False
-        pcm = np.frombuffer(payload, dtype=np.float32).copy()
-        return self.handle.slot, self.handle.generation, pcm, 0
+        return np.frombuffer(payload, dtype=np.float32).copy()
 
     def take(self, kind: int, payload: memoryview) -> None:
         """A record from the intake process, in order: audio, markers and Init at once
@@ -111,10 +113,7 @@ class Remote:
 
     def _fast(self, kind: int, payload: memoryview | bytes) -> outcomes.Failed | None:
         if kind == intakewire.AUDIO:
-            if self.unclaimed:
-                self.handle.claim("Audio")
-                self.unclaimed = False
-            self.handle.push_audio(np.frombuffer(payload, dtype=np.float32).copy())
+            self.handle.push_audio(self._pcm(payload))
         elif kind == intakewire.MARKER:
             try:
                 self.handle.push_marker(intakewire.MARKER_ID.unpack(payload)[0])
@@ -306,10 +305,7 @@ class Worker:
     def _died(self) -> None:
         if self.dead:
             return
-        self.dead = True
-        self.loop.remove_reader(self.sock)
-        self.loop.remove_writer(self.sock)
-        self.sock.close()
+        self._detach()
         for remote in list(self.remotes.values()):
             remote.lost()
         self.loop.run_in_executor(None, self.process.wait)  # reaped
@@ -318,10 +314,14 @@ class Worker:
     def close(self) -> None:
         """The process exits once its socket is closed."""
         if not self.dead:
-            self.dead = True
-            self.loop.remove_reader(self.sock)
-            self.loop.remove_writer(self.sock)
-            self.sock.close()
+            self._detach()
+
+    def _detach(self) -> None:
+        """No more records either way: the pod's end of the socket pair is closed."""
+        self.dead = True
+        self.loop.remove_reader(self.sock)
+        self.loop.remove_writer(self.sock)
+        self.sock.close()
 
 
 class IntakeWorkers:
