@@ -201,9 +201,11 @@ def build_pod_template(pool: pools.Pool, config: settings.OperatorSettings, dige
         **templates.pod_fields(pool.template),
     }
     spec.update(_placement(pool))
-    fetch = build_fetch_container(pool, config)
-    if fetch is not None:
-        spec["initContainers"] = [fetch]
+    image = pool.image or config.default_image
+    first = [sources.owner_container(pool.source, image, pool.image_pull_policy, SERVER_USER),
+             build_fetch_container(pool, config)]
+    if any(first):
+        spec["initContainers"] = [container for container in first if container is not None]
     spec["volumes"] = [*writable_volumes(), *_volumes(pool)]
     return {
         "metadata": templates.metadata(pool.template, naming.labels(pool.name),

@@ -164,12 +164,13 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
     :class:`~asrpool.operator.specs.InvalidSpec`. ``measured_slots``: the slots its live
     pods measured for themselves (``slotsPerPod: auto``), if any reported."""
     meta, spec = body.get("metadata", {}), specs.Section("spec", body.get("spec") or {})
-    source, template = _model(spec), templates.read(spec)
+    namespace = str(meta.get("namespace") or "default")
+    source, template = _model(spec, namespace), templates.read(spec)
     auto = spec.get("slotsPerPod") == AUTO
     slots_per_pod = _slots_per_pod(spec, measured_slots)
     pool = Pool(
         name=str(meta.get("name", "")),
-        namespace=str(meta.get("namespace") or "default"),
+        namespace=namespace,
         model=source.reference,
         revision=source.revision,
         source=source,
@@ -209,11 +210,11 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
     return pool
 
 
-def _model(spec: specs.Section) -> sources.ModelSource:
+def _model(spec: specs.Section, namespace: str) -> sources.ModelSource:
     model = spec.optional_section("model")
     if model is None:
         raise spec.error("model", "is required")
-    return sources.read(model)
+    return sources.read(model, namespace)
 
 
 def _workers(spec: specs.Section, field: str, most: int) -> int:

@@ -7,8 +7,13 @@ Hugging Face repo id; a repo is fetched once per cache by an init container runn
 offline. ``volume`` is a checkpoint directory on a PVC or a node's hostPath, mounted
 read-only. The cache of a repo is the pod's emptyDir (``sizeLimit``, with a matching
 ``ephemeral-storage`` request, so the kubelet accounts for it instead of evicting the
-pod for disk pressure), a node's hostPath (one download per node) or a shared
-ReadWriteMany PVC (one download per pool).
+pod for disk pressure), a node's hostPath (one download per node and namespace) or a
+shared ReadWriteMany PVC (one download per pool).
+
+The server mounts the cache read-only: only the init container writes it. A node's
+cache is a folder per namespace (``/var/cache/asrpool/NAMESPACE`` unless the pool names
+a path), so no tenant's pods mount another's weights; the kubelet creates it as root,
+and a first init container, root with CAP_CHOWN alone, gives it to the server's user.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ MODEL_VOLUME = "model"
 CACHE_VOLUME = "model-cache"
 CACHE_KINDS = ("emptyDir", "hostPath", "persistentVolumeClaim")
 DEFAULT_CACHE_SIZE = "20Gi"  # stt-2.6b-en is about 6 GB
-DEFAULT_CACHE_PATH = "/var/cache/asrpool"
+NODE_CACHE_ROOT = "/var/cache/asrpool"  # a node's caches: one folder per namespace
+OWNER_CONTAINER = "cache-owner"
 DEFAULT_LOAD_TIMEOUT_SECONDS = 600
 STARTUP_PROBE_PERIOD = 5
 DEFAULT_TOKEN_KEY = "token"
@@ -52,7 +58,7 @@ class Volume:
 class Cache:
     kind: str = "emptyDir"
     size_limit: str = DEFAULT_CACHE_SIZE
-    path: str = DEFAULT_CACHE_PATH
+    path: str = NODE_CACHE_ROOT
     claim_name: str = ""
 
 
@@ -82,9 +88,9 @@ class ModelSource:
 
 # Reading spec.model.
 
-def read(model: specs.Section) -> ModelSource:
-    """``spec.model``, read and checked; :class:`~asrpool.operator.specs.InvalidSpec` names
-    what to fix."""
+def read(model: specs.Section, namespace: str) -> ModelSource:
+    """``spec.model`` of a pool in ``namespace``, read and checked;
+    :class:`~asrpool.operator.specs.InvalidSpec` names what to fix."""
     has_name, has_volume = bool(model.get("name")), model.get("volume") is not None
     if has_name == has_volume:
         raise model.invalid("needs exactly one of name (a preset, a Hugging Face repo id or a"
@@ -93,7 +99,7 @@ def read(model: specs.Section) -> ModelSource:
         name=model.text("name"), revision=model.text("revision"),
         token=_token(model.optional_section("tokenSecret", got=False)),
         volume=_volume(model.optional_section("volume", got=False)),
-        cache=_cache(model.section("cache", got=False)),
+        cache=_cache(model.section("cache", got=False), namespace),
         load_timeout_seconds=_seconds(model, "loadTimeoutSeconds", DEFAULT_LOAD_TIMEOUT_SECONDS))
     _check(source, model)
     return source
@@ -135,10 +141,10 @@ def _volume(ref: specs.Section | None) -> Volume | None:
     return volume
 
 
-def _cache(ref: specs.Section) -> Cache:
+def _cache(ref: specs.Section, namespace: str) -> Cache:
     cache = Cache(kind=ref.text("type") or "emptyDir",
                   size_limit=str(ref.get("sizeLimit") or DEFAULT_CACHE_SIZE),
-                  path=ref.text("path") or DEFAULT_CACHE_PATH,
+                  path=ref.text("path") or f"{NODE_CACHE_ROOT}/{namespace}",
                   claim_name=ref.text("claimName"))
     if cache.kind not in CACHE_KINDS:
         raise ref.error("type", f"must be one of {', '.join(CACHE_KINDS)}, got {cache.kind!r}")
@@ -191,8 +197,8 @@ def server_mounts(source: ModelSource) -> list[Child]:
         if source.volume.sub_path:
             mount["subPath"] = source.volume.sub_path
         return [mount]
-    if source.fetched:
-        return [{"name": CACHE_VOLUME, "mountPath": CACHE_DIR}]
+    if source.fetched:  # written by the init container alone
+        return [{"name": CACHE_VOLUME, "mountPath": CACHE_DIR, "readOnly": True}]
     return []
 
 
@@ -226,6 +232,23 @@ def fetch_container(source: ModelSource, image: str, pull_policy: str,
         # Its last line on stderr says what failed; the operator puts it in the status.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": security,
+    }
+
+
+def owner_container(source: ModelSource, image: str, pull_policy: str,
+                    owner: int) -> Child | None:
+    """For a node's cache: the folder the kubelet made (root's) given to ``owner``, the
+    server's user, before the fetch writes in it. Root with CAP_CHOWN alone, the folder
+    alone (not what is in it)."""
+    if not source.fetched or source.cache.kind != "hostPath":
+        return None
+    return {
+        "name": OWNER_CONTAINER, "image": image, "imagePullPolicy": pull_policy,
+        "command": ["chown", f"{owner}:{owner}", CACHE_DIR],
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_DIR}],
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False,
+                            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
     }
 
 

@@ -129,6 +129,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "no-extras": {
         "networkPolicy": {"enabled": False},
         "metrics": {"dashboard": {"enabled": False}},
+        "poolWriterPolicy": {"enabled": False},
     },
     "example-pool": {
         "examplePool": {"enabled": True, "name": "stt-first", "model": "kyutai/stt-2.6b-en",

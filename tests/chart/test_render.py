@@ -116,7 +116,8 @@ def test_every_object_is_valid_for_the_oldest_and_newest_kubernetes(scenario: st
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_namespaced_object_names_its_namespace(scenario: str) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for manifest in rendering.render(SCENARIOS[scenario]):
         meta = manifest["metadata"]
         assert len(meta["name"]) <= 63, meta["name"]
@@ -137,6 +138,24 @@ def test_the_chart_ships_the_repository_crds_unchanged(name: str) -> None:
     assert ours == theirs, f"copy crds/{name} into charts/asrpool/crds/"
     assert sorted(c["filename"] for c in rendering.chart().crds) == [
         "asrpool/crds/kopf-peering.yaml", "asrpool/crds/streamingasrpools.asrpool.io.yaml"]
+
+
+def test_the_chart_ships_the_repository_pool_writers_policy_unchanged() -> None:
+    ours = (rendering.CHART / "policy" / "pool-writers.yaml").read_bytes()
+    theirs = (rendering.ROOT / "crds" / "policy" / "pool-writers.yaml").read_bytes()
+    assert ours == theirs, "copy crds/policy/pool-writers.yaml into charts/asrpool/policy/"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_pool_writers_policy_is_named_after_the_release_and_can_be_left_out(
+    enabled: bool
+) -> None:
+    values = {**SCENARIOS[next(iter(SCENARIOS))], "poolWriterPolicy": {"enabled": enabled}}
+    found = {(m["kind"], m["metadata"]["name"], m["spec"].get("policyName"))
+             for m in rendering.render(values) if m["kind"].startswith("ValidatingAdmission")}
+    policy = f"{rendering.RELEASE}-asrpool-pool-writers"
+    assert found == ({("ValidatingAdmissionPolicy", policy, None),
+                      ("ValidatingAdmissionPolicyBinding", policy, policy)} if enabled else set())
 
 
 @pytest.mark.parametrize("version", [OLDEST, NEWEST])

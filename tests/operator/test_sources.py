@@ -99,8 +99,8 @@ def test_a_repo_is_fetched_by_an_init_container_into_an_empty_dir_by_default() -
     assert model_volumes(template) == [
         {"name": "model-cache", "emptyDir": {"sizeLimit": sources.DEFAULT_CACHE_SIZE}}]
     assert server(template)["resources"]["requests"]["ephemeral-storage"] == "20Gi"
-    assert model_mounts(server(template)) == [
-        {"name": "model-cache", "mountPath": sources.CACHE_DIR}]
+    assert model_mounts(server(template)) == [  # the fetch alone writes the cache
+        {"name": "model-cache", "mountPath": sources.CACHE_DIR, "readOnly": True}]
     env = data({"name": "kyutai/stt-1b-en_fr", "revision": "v2"})
     assert (env["ASRPOOL_MODEL"], env["ASRPOOL_MODEL_REVISION"]) == ("kyutai/stt-1b-en_fr", "v2")
     assert (env["HF_HUB_CACHE"], env["HF_HUB_OFFLINE"]) == (sources.HUB_CACHE, "1")
@@ -112,11 +112,29 @@ def test_the_empty_dir_size_limit_is_the_ephemeral_storage_request() -> None:
     assert server(template)["resources"]["requests"]["ephemeral-storage"] == "12Gi"
 
 
-def test_a_node_cache_is_a_host_path_and_asks_for_no_ephemeral_storage() -> None:
+def test_a_node_cache_is_a_host_path_per_namespace_and_asks_for_no_ephemeral_storage() -> None:
     template = pod_spec({"name": "kyutai/stt-1b-en_fr", "cache": {"type": "hostPath"}})
     assert model_volumes(template) == [{"name": "model-cache", "hostPath": {
-        "path": sources.DEFAULT_CACHE_PATH, "type": "DirectoryOrCreate"}}]
+        "path": "/var/cache/asrpool/speech", "type": "DirectoryOrCreate"}}]
     assert "ephemeral-storage" not in server(template)["resources"].get("requests", {})
+    named = pod_spec({"name": "kyutai/stt-1b-en_fr", "cache": {"type": "hostPath",
+                                                              "path": "/data/hf"}})
+    assert model_volumes(named)[0]["hostPath"]["path"] == "/data/hf"
+
+
+def test_a_node_cache_is_given_to_the_server_user_by_root_with_chown_alone() -> None:
+    """The kubelet makes a missing hostPath folder as root; the fetch runs as 10001."""
+    template = pod_spec({"name": "kyutai/stt-1b-en_fr", "cache": {"type": "hostPath"}})
+    owner, fetch = template["spec"]["initContainers"]
+    assert (owner["name"], fetch["name"]) == ("cache-owner", "fetch-model")
+    assert owner["command"] == ["chown", "10001:10001", sources.CACHE_DIR]
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert owner["securityContext"]["allowPrivilegeEscalation"] is False
+    assert model_mounts(owner) == [{"name": "model-cache", "mountPath": sources.CACHE_DIR}]
+    assert model_mounts(server(template))[0]["readOnly"] is True
+    for cache in ({}, {"type": "persistentVolumeClaim", "claimName": "hf"}):
+        others = pod_spec({"name": "kyutai/stt-1b-en_fr", "cache": cache})
+        assert [c["name"] for c in others["spec"]["initContainers"]] == ["fetch-model"]
 
 
 def test_a_shared_cache_is_the_named_claim() -> None:

@@ -49,7 +49,7 @@ def fetch(repo: str, cache: Path, endpoint: str, *extra: str,
 
 
 def test_fetch_then_load_offline_and_a_second_fetch_downloads_nothing(
-    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "hub"
     with hubs.Hub({REPO: checkpoint}).running() as hub:
@@ -61,16 +61,28 @@ def test_fetch_then_load_offline_and_a_second_fetch_downloads_nothing(
         again = fetch(REPO, cache, hub.url)
         assert again.returncode == 0, again.stderr
         assert len(hub.downloads) == 5  # idempotent: the cache already holds every file
-    # The server's own loader, offline, from that cache (as the pod's server container
-    # with HF_HUB_OFFLINE=1 and HF_HUB_CACHE): the weights that were saved.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    loaded = models.load_model(REPO)
+    # The server's own loader, offline, from that cache mounted read-only (as the pod's
+    # server container, with HF_HUB_OFFLINE=1 and HF_HUB_CACHE): the weights that were saved.
+    loaded = tmp_path / "loaded.pt"
+    load = (f"import torch; from asrpool.server import models; "
+            f"torch.save(models.load_model({REPO!r}).lm.state_dict(), {str(loaded)!r})")
+    result = read_only(cache, [sys.executable, "-c", load],
+                       {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr
     saved = models.load_model(str(checkpoint))
-    for (name, ours), (_, theirs) in zip(loaded.lm.state_dict().items(),
+    for (name, ours), (_, theirs) in zip(torch.load(loaded).items(),
                                          saved.lm.state_dict().items(), strict=True):
         assert torch.equal(ours, theirs), name
-    assert loaded.model_id == REPO
+
+
+def read_only(folder: Path, command: list[str],
+              env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` with ``folder`` bound read-only over itself, in a mount namespace of its
+    own (root here, so permissions alone would not stop a write)."""
+    script = ('mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" '
+              '&& ! touch "$0/probe" 2>/dev/null && exec "$@"')
+    return subprocess.run(["unshare", "--mount", "sh", "-c", script, str(folder), *command],
+                          env=env, capture_output=True, text=True, timeout=180, check=False)
 
 
 def test_an_unreachable_hub_is_the_registry_exit_code() -> None:
