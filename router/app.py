@@ -156,7 +156,13 @@ async def _redis_view(
 
 
 async def ready(deps: wiring.Deps) -> responses.Response:
-    """Ready while Redis answers: without it the router can admit nothing."""
+    """Ready while Redis answers (without it the router can admit nothing) and until
+    SIGTERM (router.draining)."""
+    if deps.draining:
+        refusal = refusals.router_draining()
+        body = {"ready": False, "error": refusal.code, "message": refusal.message,
+                "sessions": len(deps.sessions)}
+        return responses.JSONResponse(body, status_code=503)
     try:
         await deps.redis.ping()
     except redis.RedisError as exc:

@@ -96,3 +96,18 @@ def too_large(size: int, limit: int) -> Refusal:
         ErrorCode.TOO_LARGE,
         CloseCode.TOO_LARGE,
     )
+
+
+def router_draining() -> Refusal:
+    """A new stream (or a resume) reaching a router that is shutting down: try again,
+    another router takes it (this one's readiness already says 503)."""
+    return Refusal("this router is shutting down; connect again", ErrorCode.DRAINING,
+                   CloseCode.TRY_AGAIN)
+
+
+def router_shut_down() -> Refusal:
+    """The router's drain grace is over: the stream is held on its pod, for a resume
+    through another router within the resume grace."""
+    return Refusal("router shutting down: resume this stream with its resume token (on "
+                   "another router) or start a new one", ErrorCode.DRAINING,
+                   CloseCode.RESTART)

@@ -310,10 +310,13 @@ class Relay:
         self.client.resume_reading()
 
     def shutdown(self) -> None:
-        """This router is shutting down (uvicorn's shutdown): close 1012, as uvicorn
-        does; the stream stays resumable."""
+        """This router is shutting down (uvicorn's shutdown, after the drain's grace):
+        the drain ``Error`` and close 1012, where the flow to the client has a frame
+        boundary; the stream stays resumable."""
         self.end(proxying.ClientLeft(protocol.CloseCode.RESTART))
-        self.tell_client(frames.close_frame(protocol.CloseCode.RESTART))
+        told = refusals.router_shut_down()
+        if self.tell_client(frames.frame(frames.BINARY, told.frame())):
+            self.tell_client(frames.close_frame(told.close_code))
         self.client.close()
 
     def abort_client(self) -> None:

@@ -3,7 +3,8 @@
 Workers share nothing but Redis: each is a whole router (its own Redis client, lease
 renewal, metrics) with its own listening socket on the same port (``SO_REUSEPORT``:
 the kernel spreads new connections over them). The parent only supervises: it
-forwards SIGTERM and SIGINT (each worker then drains as a single router does),
+forwards SIGTERM and SIGINT (each worker then drains as a single router does,
+``router.draining``),
 restarts a worker that dies, and its workers die with it (``PR_SET_PDEATHSIG``), so a
 killed router is a killed router whatever its worker count.
 """
@@ -21,7 +22,7 @@ import time
 import uvicorn
 
 from asrpool.common import auth, limits, logs
-from asrpool.router import app, metrics, settings, wiring
+from asrpool.router import app, draining, metrics, settings, wiring
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ PR_SET_PDEATHSIG = 1
 STARTUP_S = 5.0
 
 
-def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
+def uvicorn_config(config: settings.RouterSettings,
+                   deps: wiring.Deps | None = None) -> uvicorn.Config:
     # Until a stream is admitted the sans-I/O websockets protocol applies moshi-server's
     # frame limit and liveness (framing.WebSocketProtocol); then the raw connection is
     # handed over to the relay (router/relaying.py). No permessage-deflate on either leg
@@ -39,7 +41,7 @@ def uvicorn_config(config: settings.RouterSettings) -> uvicorn.Config:
     # command (exit 2) before uvicorn starts; they connect lazily inside its loop.
     # Before authentication, limits.uvicorn_options bounds what a connection may cost,
     # and refuses a client address over its new streams per second (router.throttling).
-    deps = wiring.build(config)
+    deps = deps or wiring.build(config)
     uv_config = uvicorn.Config(
         app.StreamingFastPath(app.create_app(config, deps)),
         host=config.host,
@@ -69,7 +71,8 @@ def serve(config: settings.RouterSettings) -> int:
 
 
 def _run(config: settings.RouterSettings, sock: socket.socket | None) -> int:
-    server = uvicorn.Server(uvicorn_config(config))
+    deps = wiring.build(config)
+    server = draining.DrainingRouter(uvicorn_config(config, deps), deps)
     server.run(sockets=[sock] if sock is not None else None)
     return 0 if server.started else 1
 

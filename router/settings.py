@@ -77,6 +77,12 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     resume_grace_seconds: float = pydantic.Field(
         default=30.0, gt=0,
         description="how long a dropped client may resume (at least the pods')")
+    # SIGTERM (router.draining): readiness 503 and new streams refused at once; open
+    # streams relay on for this long, then each is told the drain Error and closed 1012
+    # (resumable on another router with its token).
+    drain_grace_seconds: float = pydantic.Field(
+        default=30.0, ge=0,
+        description="SIGTERM: open streams relay on for this long, then end (resumable)")
     # Whoever can write Redis can write a heartbeat: with this on (the default), a pool
     # is open only once the operator (or the local platform) has listed its real pods,
     # and only to them; off, a pool that has no list yet admits to any heartbeat (a bare

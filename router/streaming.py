@@ -58,6 +58,9 @@ def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None) -> a
 
 
 async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps) -> None:
+    if deps.draining:  # router.draining: another router takes it
+        await refuse(ws, refusals.router_draining(), deps)
+        return
     resume_text = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
     key = authenticate(ws, deps.keyring)
     if key is None:

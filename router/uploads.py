@@ -45,6 +45,8 @@ _STATUS = {protocol.ErrorCode.UNKNOWN_POOL: 404, protocol.ErrorCode.KEY_LIMIT: 4
 async def transcribe(
     request: requests.Request, pool: str | None, deps: wiring.Deps
 ) -> responses.Response:
+    if deps.draining:  # router.draining: another router takes it
+        return _refusal(refusals.router_draining(), deps)
     address = request.client.host if request.client else ""
     throttled = deps.new_streams.new_stream(address, request.headers.raw)
     key = streaming.authenticate(request, deps.keyring)

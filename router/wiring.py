@@ -25,6 +25,7 @@ class Deps:
     keyring: auth.KeyRing | None
     meters: metrics.Metrics
     new_streams: throttling.NewStreams
+    draining: bool = False  # SIGTERM came (router.draining): no new streams, not ready
 
 
 def connect_redis(config: settings.RouterSettings) -> aioredis.Redis:

@@ -67,7 +67,9 @@ class LocalPlatform:
         self._spawn("router", _asrpool("route", "--redis-url", self.redis_url, "--host", HOST,
                                        "--port", str(self.port), "--policy", self.policy,
                                        "--queue-timeout-seconds", str(self.queue_timeout_seconds),
-                                       "--members-required"))
+                                       "--members-required",
+                                       # stopping the local platform stops it now
+                                       "--drain-grace-seconds", "0"))
         self._wait(lambda: _http_ok(f"http://{HOST}:{self.port}/readyz"), deadline, "the router")
         asyncio.run(self._list_pods())
         self._wait(lambda: len(asyncio.run(self.snapshot())) == self.pods, deadline, "the pods")

@@ -58,7 +58,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "allowedOrigins": "https://app.example.com,https://ops.example.com",
             "defaultPool": "stt-en", "resumeGraceSeconds": 60, "sessionLeaseMs": 6000,
             "logLevel": "warning", "preStopSleepSeconds": 10, "workers": 2,
-            "terminationGracePeriodSeconds": 20, "gpuHourPrice": 2.5, "gpusPerPod": 2,
+            "drainGraceSeconds": 600, "terminationGracePeriodSeconds": 620,
+            "gpuHourPrice": 2.5, "gpusPerPod": 2,
             "autoscaling": {"enabled": False},
             "podDisruptionBudget": {"enabled": False},
             "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
@@ -69,7 +70,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "router-autoscaling": {
         "router": {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 30,
-                                   "targetCPUUtilizationPercentage": 50}},
+                                   "targetCPUUtilizationPercentage": 50, "behavior": {
+                                       "scaleDown": {"stabilizationWindowSeconds": 1800}}}},
     },
     "ingress": {
         "router": {

@@ -2,8 +2,8 @@
 
 Server pods: the pool's ``spec.drainGracePeriodSeconds`` is both the server's drain bound
 (``ASRPOOL_DRAIN_GRACE_SECONDS``) and, plus the chart's ``operator.terminationMarginSeconds``,
-the pod's termination grace. Routers: the chart's grace must cover the preStop sleep and
-the router's own shutdown bound, which lives in the router's code.
+the pod's termination grace. Routers: the chart's grace must cover the preStop sleep, the
+drain grace and the router's own shutdown bound, which lives in the router's code.
 """
 
 from __future__ import annotations
@@ -47,18 +47,25 @@ def router_shutdown_bound() -> int:
     return int(bound)
 
 
-def test_the_routers_grace_covers_its_prestop_sleep_and_shutdown_bound() -> None:
+def test_the_routers_grace_covers_its_prestop_sleep_drain_and_shutdown_bound() -> None:
     router = rendering.deployment(rendering.render(), "router")
     pod = router["spec"]["template"]["spec"]
-    sleep = int(rendering.container(router)["lifecycle"]["preStop"]["exec"]["command"][1])
-    assert pod["terminationGracePeriodSeconds"] >= sleep + router_shutdown_bound()
+    container = rendering.container(router)
+    sleep = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    drain = float(env["ASRPOOL_DRAIN_GRACE_SECONDS"])
+    assert drain >= 3600  # streams last as long as calls: the chart's drain is long
+    assert pod["terminationGracePeriodSeconds"] >= sleep + drain + router_shutdown_bound()
 
 
-@pytest.mark.parametrize("sleep", [0, 5, 20])
-def test_the_chart_refuses_a_router_grace_shorter_than_the_routers_bound(sleep: int) -> None:
+@pytest.mark.parametrize(("sleep", "drain"), [(0, 0), (5, 30), (20, 3600)])
+def test_the_chart_refuses_a_router_grace_shorter_than_the_routers_bound(
+    sleep: int, drain: int
+) -> None:
     """The chart's check uses the router's real bound: one second less is refused."""
-    enough = sleep + router_shutdown_bound()
-    router = {"preStopSleepSeconds": sleep, "terminationGracePeriodSeconds": enough}
+    enough = sleep + drain + router_shutdown_bound()
+    router = {"preStopSleepSeconds": sleep, "drainGraceSeconds": drain,
+              "terminationGracePeriodSeconds": enough}
     rendering.render({"router": router})
     with pytest.raises(helm_python.HelmError, match="terminationGracePeriodSeconds"):
         rendering.render({"router": {**router, "terminationGracePeriodSeconds": enough - 1}})

@@ -93,8 +93,10 @@ def test_bad_values_are_refused_with_a_message_naming_them(
 RULES = [
     ({"router": {"autoscaling": {"minReplicas": 5, "maxReplicas": 3}}},
      "router.autoscaling.minReplicas (5) must not be above maxReplicas (3)"),
-    ({"router": {"preStopSleepSeconds": 10, "terminationGracePeriodSeconds": 12}},
-     "router.terminationGracePeriodSeconds (12) must be at least preStopSleepSeconds + 5 (15)"),
+    ({"router": {"preStopSleepSeconds": 10, "drainGraceSeconds": 60,
+                 "terminationGracePeriodSeconds": 72}},
+     "router.terminationGracePeriodSeconds (72) must be at least preStopSleepSeconds + "
+     "drainGraceSeconds + 5 (75)"),
 ]
 
 

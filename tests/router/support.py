@@ -160,6 +160,8 @@ class RouterProcess(Process):
             *(() if "--workers" in extra else ("--workers", "1")),
             # Pods here only heartbeat (no operator lists them), unless a test asks.
             *(() if "--members-required" in extra else ("--no-members-required",)),
+            # Told to stop, it stops at once (no drain grace), unless a test asks.
+            *(() if "--drain-grace-seconds" in extra else ("--drain-grace-seconds", "0")),
             *extra,
         ]
         super().__init__(args, workdir / f"router-{self.port}.log", env)

@@ -9,6 +9,8 @@ import collections
 import contextlib
 import json
 import signal
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -342,13 +344,14 @@ async def test_a_hung_pod_is_given_up_when_its_heartbeat_lapses(
         assert told[-1]["code"] == "pod_lost" and opened.ws.close_code == 1011
 
 
-async def test_a_router_shutting_down_leaves_its_streams_resumable(
+async def test_a_router_past_its_drain_grace_hands_its_streams_back_resumable(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     pod = support.pod(redis_server.url, tmp_path, "stays", slots=2)
     # The first at info: its log shows how far its shutdown got (once, in CI, it did
     # not end within terminate's 20 s and was killed; never seen since).
-    first = support.router(redis_server.url, tmp_path, "--log-level", "info")
+    first = support.router(redis_server.url, tmp_path, "--log-level", "info",
+                           "--drain-grace-seconds", "1")
     second = support.router(redis_server.url, tmp_path)
     with running(pod, first, second):
         wait_for_pods(first, 1)
@@ -357,8 +360,10 @@ async def test_a_router_shutting_down_leaves_its_streams_resumable(
         # In a thread: this loop must answer the router's close handshake meanwhile
         # (blocked, it left the router waiting out its close timeout, killed once).
         stopped = await asyncio.to_thread(first.terminate)
-        assert stopped in (0, -signal.SIGTERM), first.log()  # uvicorn re-raises the signal
-        await support.until_closed(opened.ws)
+        assert stopped == 0, first.log()
+        told = await support.until_closed(opened.ws)
+        assert told[-1]["type"] == "Error" and told[-1]["code"] == "draining", told
+        assert "resume this stream with its resume token" in told[-1]["message"]
         assert opened.ws.close_code == 1012
         again = await support.connect(
             second.ws_url, {protocol.RESUME_TOKEN_HEADER: opened.resume_token}
@@ -368,6 +373,38 @@ async def test_a_router_shutting_down_leaves_its_streams_resumable(
         assert support.is_marker(finished[-1])
         await again.ws.close()
         assert pod.metric("asr_resumes_total") == 1
+
+
+async def test_a_draining_router_relays_its_open_streams_and_takes_no_new_ones(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """SIGTERM: not ready, new streams and uploads told to go elsewhere, the open stream
+    relayed to its end, and the router gone once it ends (well within the grace)."""
+    pod = support.pod(redis_server.url, tmp_path, "serves", slots=2)
+    router = support.router(redis_server.url, tmp_path, "--drain-grace-seconds", "60")
+    with running(pod, router):
+        wait_for_pods(router, 1)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        assert router.proc is not None
+        router.proc.send_signal(signal.SIGTERM)
+        support.wait_until(lambda: support.http_get(router.url + "/readyz")[0] == 503, 10,
+                           "readiness 503")
+        assert json.loads(support.http_get(router.url + "/readyz")[1])["sessions"] == 1
+        late = await support.connect(router.ws_url)
+        told = await support.until_closed(late.ws)
+        assert (told[-1]["code"], late.ws.close_code) == ("draining", 1013), told
+        upload = urllib.request.Request(router.url + protocol.STREAMING_PATH, b"RIFF",
+                                        {"Content-Type": "audio/wav"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(upload, timeout=5)
+        assert refused.value.code == 503
+        assert b"shutting down" in refused.value.read()
+        finished = await support.finish_stream(opened.ws, audio(11))
+        assert support.is_marker(finished[-1]), finished
+        assert not any(m["type"] == "Error" for m in finished)
+        await opened.ws.close()
+        assert await asyncio.to_thread(router.proc.wait, 20) == 0, router.log()
 
 
 async def test_backpressure_bounds_what_the_router_holds(

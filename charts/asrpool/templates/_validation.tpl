@@ -4,9 +4,9 @@ values and the fix. Included once, from router-deployment.yaml.
 */}}
 {{- define "asrpool.validate" -}}
 {{- $router := .Values.router }}
-{{- $needed := add $router.preStopSleepSeconds (include "asrpool.routerShutdownSeconds" .) }}
+{{- $needed := add $router.preStopSleepSeconds $router.drainGraceSeconds (include "asrpool.routerShutdownSeconds" .) }}
 {{- if lt (int $router.terminationGracePeriodSeconds) (int $needed) }}
-{{- fail (printf "router.terminationGracePeriodSeconds (%d) must be at least preStopSleepSeconds + %s (%d): the router needs %s s to stop after its preStop sleep" (int $router.terminationGracePeriodSeconds) (include "asrpool.routerShutdownSeconds" .) (int $needed) (include "asrpool.routerShutdownSeconds" .)) }}
+{{- fail (printf "router.terminationGracePeriodSeconds (%d) must be at least preStopSleepSeconds + drainGraceSeconds + %s (%d): the router needs %s s to stop after its preStop sleep and its drain" (int $router.terminationGracePeriodSeconds) (include "asrpool.routerShutdownSeconds" .) (int $needed) (include "asrpool.routerShutdownSeconds" .)) }}
 {{- end }}
 {{- with $router.autoscaling }}
 {{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) }}
