@@ -20,6 +20,7 @@ import dataclasses
 import enum
 import struct
 import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 from asrpool.common import framing
@@ -107,6 +108,9 @@ class Scanner:
         self.message = 0  # bytes so far of a fragmented data message
         self.fragmented = False
         self.messages = 0  # whole data messages passed
+        # Told (the read, the offset of the payload) of each data message's first frame
+        # whose header is in a read: the relay's clock of a stream (router.retiming).
+        self.peek: Callable[[bytes, int], None] | None = None
 
     @property
     def at_boundary(self) -> bool:
@@ -146,6 +150,8 @@ class Scanner:
                     start = pos + head + size
                 pos += head + size
                 continue
+            if self.peek is not None and opcode != CONT:
+                self.peek(data, pos + head)
             self._count(first, size)
             pos += head + size
         else:

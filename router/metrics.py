@@ -34,6 +34,11 @@ class Metrics:
         self.rejections = prometheus_client.Counter(
             "asrpool_router_rejections", "Streams refused, by reason", ["reason"], registry=r
         )
+        self.moves = prometheus_client.Counter(
+            "asrpool_router_streams_moved",
+            "Streams whose pod was lost: moved to another pod, or failed to (ended pod_lost)",
+            ["outcome"], registry=r,
+        )
         self.free_slots = prometheus_client.Gauge(
             "asrpool_router_free_slots",
             "Free slots per pool, as admission counts them",

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 
 import redis
 
@@ -45,16 +46,18 @@ def refusal_for(
 
 
 async def place(
-    request: admissions.Request, deps: wiring.Deps, gone: asyncio.Event | None = None
+    request: admissions.Request, deps: wiring.Deps, gone: asyncio.Event | None = None,
+    avoid: Sequence[str] = (),
 ) -> Placed | refusals.Refusal:
     """Raises :class:`redis.RedisError` when Redis cannot be reached. ``gone`` is set
     when the client leaves: from then on nothing more is reserved or dialled, and what
-    was is given back (its queue ticket, its reservation, its pod link)."""
+    was is given back (its queue ticket, its reservation, its pod link). ``avoid``:
+    pods not to try (a moved stream's lost pod)."""
     config = deps.config
     gone = gone or asyncio.Event()
     ticket = uuid.uuid4().hex if config.queue_timeout_seconds > 0 else ""
     deadline = time.monotonic() + config.queue_timeout_seconds
-    tried: list[str] = []
+    tried: list[str] = list(avoid)
     while not gone.is_set():
         got = await deps.admissions.admit(request, tried, ticket)
         if isinstance(got, admissions.Refused):
@@ -79,7 +82,7 @@ async def place(
         if isinstance(outcome, pods.Refused) and outcome.code == rates.TOO_MANY_STREAMS:
             return refusals.pod_throttled()  # told at once: a busy answer would be demand
         tried.append(got.pod_id)
-        if len(tried) >= config.pod_attempts:
+        if len(tried) - len(avoid) >= config.pod_attempts:
             return refusals.busy()
     if ticket:
         await deps.admissions.leave_queue(request, ticket)

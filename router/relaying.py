@@ -32,7 +32,7 @@ import os
 from typing import Any
 
 from asrpool.common import framing, protocol
-from asrpool.router import frames, links, metrics, proxying, refusals
+from asrpool.router import frames, links, metrics, proxying, refusals, retiming
 
 CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicorn
 PAD_LIMIT_BYTES = 1 << 20  # the most filler sent to finish a cut frame
@@ -96,16 +96,28 @@ class Relay:
         self.stall_timer: asyncio.TimerHandle | None = None
         self.meters = meters.relayed
         self.counted = [0, 0]  # messages up and down already counted
+        self.samples = 0  # of audio the client sent: the stream's clock (router.retiming)
+        self.up.peek = self._peek
+        self.moved: retiming.PodFrames | None = None  # a moved stream's new pod's flow
+        self.moved_at = 0  # a moved stream's samples before its current pod
+        self.cut_short = 0  # bytes of a client frame the lost pod got part of, to drop
+        self._join(link)
+        self.client.set_protocol(_ClientSide(self))
+
+    def _join(self, link: links.PodLink) -> None:
+        self.link = link
         link.at_boundary = lambda: self.up.at_boundary
         link.on_pause = lambda paused: self.read_client(not paused)
         link.on_lost = self.pod_lost
-        self.client.set_protocol(_ClientSide(self))
 
     async def run(self, first: bytes, pod_gone: asyncio.Event) -> proxying.End:
         """Forward the pod's first frame, relay until one side ends, say how."""
         self.client.write(frames.frame(frames.BINARY, first))
         self.link.attach(self.from_pod)
         self._schedule_ping()
+        return await self._until_ended(pod_gone)
+
+    async def _until_ended(self, pod_gone: asyncio.Event) -> proxying.End:
         lapse = asyncio.ensure_future(pod_gone.wait())
         try:
             waited: list[asyncio.Future[Any]] = [self.ended, lapse]
@@ -115,6 +127,28 @@ class Relay:
         self.end(proxying.PodLost("the pod's heartbeat lapsed"))  # unless it ended already
         self._count()
         return self.ended.result()
+
+    def movable(self) -> bool:
+        """Whether the stream can go on on another pod: the client has every frame the
+        lost pod sent whole, is inside no fragmented message, and is still there."""
+        return (self.down.at_boundary and not self.up.fragmented and self.refused is None
+                and not self.client.is_closing() and not self.client_gone.done())
+
+    async def run_moved(self, link: links.PodLink, pod_gone: asyncio.Event) -> proxying.End:
+        """Go on relaying on ``link`` (a new pod, its ``Ready`` already read and not
+        passed on), its times moved on by the steps the stream had taken; the rest of
+        the client's frame the lost pod got part of is dropped."""
+        self.moved_at, self.cut_short = self.samples, self.up.skip
+        self.moved = retiming.PodFrames(self.max_bytes)
+        fresh = frames.Scanner(False, self.max_bytes, self.down.cut)  # at a boundary for good
+        fresh.messages, self.down = self.down.messages, fresh
+        self.to_pod.clear()  # pongs owed to the lost pod
+        self.ended = self.loop.create_future()
+        self._join(link)
+        link.attach(self.from_pod)
+        self._schedule_ping()
+        self.read_client(True)  # held back meanwhile: the lost pod's pause is no more
+        return await self._until_ended(pod_gone)
 
     def end(self, end: proxying.End) -> None:
         """The first end wins; both sides stop being read (the caller settles them)."""
@@ -139,8 +173,12 @@ class Relay:
             self._discard_client(data)
             return
         scan = self.up.feed(data)
-        if scan.forward:
-            self.link.write(scan.forward)
+        forward = scan.forward
+        if self.cut_short:  # the rest of a frame the lost pod had part of
+            dropped = min(self.cut_short, len(forward))
+            forward, self.cut_short = forward[dropped:], self.cut_short - dropped
+        if forward:
+            self.link.write(forward)
         if self.to_pod and self.up.at_boundary:
             self.link.write(b"".join(self.to_pod))
             self.to_pod.clear()
@@ -156,6 +194,9 @@ class Relay:
         elif scan.fault is frames.Fault.PROTOCOL:
             self.end(proxying.ClientLeft(protocol.CloseCode.PROTOCOL_ERROR))
             self.close_client(protocol.CloseCode.PROTOCOL_ERROR, "invalid frame")
+
+    def _peek(self, data: bytes, start: int) -> None:
+        self.samples += retiming.audio_samples(data, start)
 
     def _refuse_through_pod(self, refusal: refusals.Refusal, fragmented: bool) -> None:
         """A client message refused from a frame's header (that frame does not reach the
@@ -214,6 +255,9 @@ class Relay:
     def from_pod(self, data: bytes) -> None:
         if self.ended.done():
             return
+        if self.moved is not None:
+            self._from_new_pod(data)
+            return
         scan = self.down.feed(data)
         if scan.forward:
             self.client.write(scan.forward)
@@ -228,6 +272,26 @@ class Relay:
                 return
         if scan.fault is not frames.Fault.NONE:  # refused from its header: never buffered
             self.end(proxying.PodLost(bad_frame(scan, self.max_bytes)))
+
+    def _from_new_pod(self, data: bytes) -> None:
+        """A moved stream's new pod: whole frames, each message on the stream's clock."""
+        assert self.moved is not None
+        got, fault = self.moved.feed(data)
+        for opcode, payload in got:
+            if opcode == frames.BINARY:
+                message = retiming.retimed(payload, self.moved_at)
+                self.client.write(frames.frame(frames.BINARY, message))
+                self.down.messages += 1
+            elif opcode == frames.PING:
+                self._to_pod(frames.frame(frames.PONG, payload, os.urandom(4)))
+            elif opcode == frames.CLOSE:
+                self.end(proxying.PodClosed(*frames.close_code(payload)))
+                return
+        if self.to_client:
+            self.client.write(b"".join(self.to_client))
+            self.to_client.clear()
+        if fault:
+            self.end(proxying.PodLost(fault))
 
     def client_stalled(self, stalled: bool) -> None:
         """The deadline on sends to the client: armed while its write buffer is over

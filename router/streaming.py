@@ -28,6 +28,7 @@ from asrpool.common import auth, framing, protocol, rates
 from asrpool.router import (
     admissions,
     frames,
+    moving,
     placing,
     pods,
     poolnames,
@@ -126,7 +127,7 @@ async def _start(
         return
     deps.meters.admission_seconds.observe(time.perf_counter() - started)
     deps.meters.admissions.labels(pool, "new").inc()
-    await run(ws, token, placed[0], placed[1], deps)
+    await run(ws, request, placed[0], placed[1], deps)
 
 
 async def _watch_departure(ws: starlette_ws.WebSocket, gone: asyncio.Event) -> None:
@@ -168,7 +169,7 @@ async def _resume(
         await refuse(ws, placed, deps)
         return
     deps.meters.admissions.labels(placed[0].pool, "resume").inc()
-    await run(ws, token, placed[0], placed[1], deps)
+    await run(ws, request, placed[0], placed[1], deps)
 
 
 async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wiring.Deps) -> None:
@@ -197,14 +198,15 @@ def _open(ws: starlette_ws.WebSocket) -> bool:
 
 async def run(
     ws: starlette_ws.WebSocket,
-    token: tokens.ResumeToken,
+    request: admissions.Request,
     session: admissions.Session,
     opened: pods.Opened,
     deps: wiring.Deps,
 ) -> None:
-    """Upgrade with the session's headers, relay (the pod's Ready first), settle."""
+    """Upgrade with the session's headers, relay (the pod's Ready first), move the
+    stream to another pod each time its pod is lost (``router.moving``), settle."""
     try:
-        await ws.accept(headers=_extension_headers(token, opened))
+        await ws.accept(headers=_extension_headers(request.token, opened))
     except (starlette_ws.WebSocketDisconnect, OSError):  # the client left (ClientDisconnected)
         await _left_before_upgrade(ws, session, opened, deps)
         return
@@ -225,6 +227,17 @@ async def run(
     deps.meters.sessions_open.inc()
     try:
         end = await relay.run(opened.first, session.pod_gone)
+        for _ in range(moving.MAX_MOVES):
+            if not isinstance(end, proxying.PodLost) or not relay.movable():
+                break
+            opened.link.abort()
+            moved = await moving.move(relay, request, session, end, deps)
+            if moved is None:
+                break
+            deps.sessions.discard(session)
+            session, opened = moved
+            deps.sessions.add(session)
+            end = await relay.run_moved(opened.link, session.pod_gone)
     finally:
         deps.sessions.discard(session)
         deps.meters.sessions_open.dec()

@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import sphn
 import websockets
+import websockets.asyncio.client
 
 from asrpool.common import protocol, seeds
 from tests.router import support
@@ -126,9 +128,37 @@ async def test_forty_clients_four_routers_three_pods(
             assert p.metric('asr_errors_total{code="busy"}') is None  # the router never over-sent
 
 
-async def test_pod_killed_mid_stream(redis_server: RedisServer, tmp_path: Path) -> None:
-    """Clients of a SIGKILLed pod get a pod_lost Error and a close; the others carry on;
-    new clients land on the remaining pod."""
+async def stream_until_marker_or_close(
+    ws: websockets.asyncio.client.ClientConnection, pcm: np.ndarray, realtime: float
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A file-client session paced at ``realtime``: every message up to the marker (close
+    code None) or up to the server's close (its code)."""
+    sender = asyncio.create_task(kyutai_client.send_paced(ws, support.messages(pcm), realtime))
+    out: list[dict[str, Any]] = []
+    try:
+        while True:
+            out.append(msgpack.unpackb(await asyncio.wait_for(ws.recv(decode=False), 60)))
+            if support.is_marker(out[-1]):
+                return out, None
+    except websockets.ConnectionClosed:
+        return out, ws.close_code
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+
+
+def times(messages: list[dict[str, Any]]) -> list[float]:
+    return [m.get("start_time", m.get("stop_time")) for m in messages
+            if m["type"] in ("Word", "EndWord")]
+
+
+async def test_a_killed_pods_streams_move_where_there_is_room_and_end_where_there_is_none(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Two streams on a pod that is SIGKILLed, one slot free elsewhere: one stream goes
+    on on the other pod on the same socket (no Error, no close, its marker back, its
+    word times going on from where it was), the other is told pod_lost; a third stream,
+    on the other pod all along, carries on."""
     a = support.pod(redis_server.url, tmp_path, "a-pod", slots=2)
     b = support.pod(redis_server.url, tmp_path, "b-pod", slots=2)
     router = support.router(redis_server.url, tmp_path, "--policy", "pack")
@@ -141,18 +171,34 @@ async def test_pod_killed_mid_stream(redis_server: RedisServer, tmp_path: Path) 
         assert (await support.first_message(survivor.ws))["type"] == "Ready"
         assert a.modules_info()["used_slots"] == 2 and b.modules_info()["used_slots"] == 1
         surviving = asyncio.create_task(support.finish_stream(survivor.ws, audio(1), realtime=4.0))
+        streams = [asyncio.create_task(stream_until_marker_or_close(c.ws, audio(3 + i, 4.0), 1.0))
+                   for i, c in enumerate(doomed)]
+        await asyncio.sleep(2.5)
         a.signal(signal.SIGKILL)
-        for c in doomed:
-            told = await support.until_closed(c.ws, timeout=15)
-            assert told[-1]["type"] == "Error" and told[-1]["code"] == "pod_lost"
-            assert c.ws.close_code == 1011
+        (moved, kept), (lost, code) = sorted(await asyncio.gather(*streams),
+                                             key=lambda got: got[1] or 0)
+        assert kept is None and not [m for m in moved if m["type"] == "Error"], moved
+        assert times(moved) == sorted(times(moved)), times(moved)  # never back
+        assert times(moved) and times(moved)[-1] > 2.0  # on the stream's clock, not the new pod's
+        assert max(times(moved)) <= 4.0 + 1.5 + 0.2  # within the audio sent
+        assert (lost[-1]["code"], code) == ("pod_lost", 1011), lost
         assert kyutai_client.words(await surviving) != []
         await survivor.ws.close()
+        for c in doomed:
+            await c.ws.close()
+        assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="moved"}') == 1
+        assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="failed"}') == 1
         newcomer = await support.transcribe(router.ws_url, audio(2))
         assert support.is_marker(newcomer[-1])
-        assert list(pod_view(router)) == ["b-pod"] or "a-pod" in pod_view(
-            router
-        )  # lease may linger
+
+
+def router_metric(router: support.RouterProcess, sample: str) -> float | None:
+    status, body = support.http_get(router.url + "/metrics")
+    assert status == 200
+    for line in body.decode().splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[1])
+    return None
 
 
 async def test_router_killed_mid_stream_resumes_through_another(
