@@ -1,7 +1,9 @@
 """A stream whose pod is lost goes on on another pod of its pool, on the same socket.
 
 When a routed stream's pod dies (its connection drops, its heartbeat lapses, or it
-breaks the framing rules), the relay does not tell the client: the session is released
+breaks the framing rules) or ends the stream for its own reasons (its drain's grace
+is over: ``draining``; it sheds streams to keep real time: ``overloaded``; its
+``Error`` is then held back), the relay does not tell the client: the session is released
 on the lost pod and admitted again, under the same session id, key and pool, to another
 of the pool's pods (the waiting room applies, up to its bound). The new pod's ``Ready``
 is not passed on; its results are, their times moved on by the steps the stream had
@@ -13,7 +15,7 @@ of it), and the words of the audio the lost pod had taken but not answered, and 
 audio it had not taken (neither counted in later times), and a marker it had not sent
 back. A stream that cannot move (no pod with room, its key at its limit, the client
 inside a frame the lost pod was sending, Redis unreachable, or moved ``MAX_MOVES``
-times already) ends as before, with ``pod_lost``.
+times already) ends as before: ``pod_lost``, or the pod's own ``Error`` and close.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ Moved = tuple[admissions.Session, pods.Opened]
 
 
 async def move(relay: relaying.Relay, request: admissions.Request,
-               session: admissions.Session, lost: proxying.PodLost,
+               session: admissions.Session, lost: proxying.Movable,
                deps: wiring.Deps) -> Moved | None:
     """The stream admitted to another pod and its link opened (its ``Ready`` read), or
     None when it cannot move (the caller then ends it with ``pod_lost``)."""
+    why = lost.detail if isinstance(lost, proxying.PodLost) else f"it said {lost.code}"
     log.warning("session %s lost its pod %s (%s): moving it", session.session_id,
-                session.pod_id, lost.detail)
+                session.pod_id, why)
     try:
         await deps.admissions.release(session)
         placed = await placing.place(request, deps, _left(relay), avoid=[session.pod_id])

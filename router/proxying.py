@@ -28,6 +28,17 @@ class PodLost:
 
 
 @dataclasses.dataclass(frozen=True)
+class PodShed:
+    """The pod ended the stream for a reason of its own, not the client's (its drain's
+    grace over, or shedding to keep real time): its ``Error`` frame, held back from the
+    client while the stream moves (told if it cannot), and its close code."""
+
+    error: bytes
+    code: str
+    close_code: int
+
+
+@dataclasses.dataclass(frozen=True)
 class TooSlow:
     """The client read nothing while its bytes stayed over the high-water mark for
     ``seconds``: the connection was aborted; the session is released."""
@@ -35,7 +46,8 @@ class TooSlow:
     seconds: float
 
 
-End = ClientLeft | PodClosed | PodLost | TooSlow
+End = ClientLeft | PodClosed | PodLost | PodShed | TooSlow
+Movable = PodLost | PodShed  # the ends after which a stream moves (router.moving)
 
 # Client close codes of a lost connection (1005 no status, 1006 no close frame): the
 # pod keeps the slot for a resume only if the client asked for one. This router

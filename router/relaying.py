@@ -31,10 +31,17 @@ import asyncio
 import os
 from typing import Any
 
+import msgpack
+
 from asrpool.common import framing, protocol
 from asrpool.router import frames, links, metrics, proxying, refusals, retiming
 
 CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicorn
+# A pod's Error message (our pods encode its type first); the ones with these codes end
+# a stream for the pod's own reasons, and the stream moves instead (router.moving).
+ERROR_TYPE = b"\xa4type\xa5Error"
+SHED_CLOSES = {str(protocol.ErrorCode.DRAINING): protocol.CloseCode.RESTART,
+               str(protocol.ErrorCode.OVERLOADED): protocol.CloseCode.TRY_AGAIN}
 PAD_LIMIT_BYTES = 1 << 20  # the most filler sent to finish a cut frame
 
 
@@ -258,6 +265,16 @@ class Relay:
         if self.moved is not None:
             self._from_new_pod(data)
             return
+        if ERROR_TYPE in data and self.down.at_boundary and not self.down.held:
+            shed = _shed_at(data)
+            if shed is not None and self.movable():
+                at, end = shed
+                self._pass_from_pod(data[:at])
+                self.end(end)
+                return
+        self._pass_from_pod(data)
+
+    def _pass_from_pod(self, data: bytes) -> None:
         scan = self.down.feed(data)
         if scan.forward:
             self.client.write(scan.forward)
@@ -392,3 +409,24 @@ class Relay:
         self.meters.labels("up").inc(up - self.counted[0])
         self.meters.labels("down").inc(down - self.counted[1])
         self.counted = [up, down]
+
+
+def _shed_at(data: bytes) -> tuple[int, proxying.PodShed] | None:
+    """Where in ``data`` (a read that starts at a frame) the pod's Error that ends the
+    stream for its own reasons begins, and that end; None when there is none whole."""
+    pos = 0
+    while (got := framing.header(data, pos)) is not None:
+        _, opcode, head, size, _ = got
+        payload = data[pos + head:pos + head + size]
+        if len(payload) < size:
+            return None
+        if opcode == frames.BINARY and payload[1:1 + len(ERROR_TYPE)] == ERROR_TYPE:
+            try:
+                code = msgpack.unpackb(payload, raw=False).get("code")
+            except (ValueError, AttributeError, msgpack.UnpackException):
+                return None
+            close = SHED_CLOSES.get(code)
+            if close is not None:
+                return pos, proxying.PodShed(data[pos:pos + head + size], code, close)
+        pos += head + size
+    return None

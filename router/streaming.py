@@ -228,7 +228,7 @@ async def run(
     try:
         end = await relay.run(opened.first, session.pod_gone)
         for _ in range(moving.MAX_MOVES):
-            if not isinstance(end, proxying.PodLost) or not relay.movable():
+            if not isinstance(end, proxying.Movable) or not relay.movable():
                 break
             opened.link.abort()
             moved = await moving.move(relay, request, session, end, deps)
@@ -284,7 +284,7 @@ async def finish(
     said = log.warning if isinstance(end, proxying.PodLost) else log.info
     said("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
     detach = proxying.detaches(end, protocol.resumable(ws.headers))
-    abort = detach or isinstance(end, proxying.PodLost)
+    abort = detach or isinstance(end, proxying.Movable)
     if abort:
         # A lost client that may resume: drop the link without a close frame, so that
         # the pod keeps the slot. A lost pod: nothing to wait for.
@@ -326,6 +326,10 @@ def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) ->
         deps.meters.rejections.labels(relay.refused.code).inc()
     if isinstance(end, proxying.PodLost):
         _refuse_relayed(relay, refusals.pod_lost(), deps)
+    elif isinstance(end, proxying.PodShed):  # it could not move: the pod's own word
+        deps.meters.rejections.labels(end.code).inc()
+        if relay.tell_client(end.error):
+            relay.close_client(end.close_code)
     elif isinstance(end, proxying.TooSlow):  # nothing can reach it: aborted already
         deps.meters.rejections.labels(protocol.ErrorCode.TOO_SLOW).inc()
     elif isinstance(end, proxying.PodClosed):

@@ -192,6 +192,30 @@ async def test_a_killed_pods_streams_move_where_there_is_room_and_end_where_ther
         assert support.is_marker(newcomer[-1])
 
 
+async def test_a_stream_past_its_pods_drain_grace_moves_to_another_pod(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The pod's drain Error is held back, the stream goes on elsewhere, unbroken."""
+    grace = ("--drain-grace-seconds", "1")
+    a = support.pod(redis_server.url, tmp_path, "a-pod", 2, "default", *grace)
+    b = support.pod(redis_server.url, tmp_path, "b-pod", 2, "default", *grace)
+    router = support.router(redis_server.url, tmp_path, "--policy", "pack")
+    with running(a, b, router):
+        wait_for_pods(router, 2)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        draining = a if a.modules_info()["used_slots"] == 1 else b
+        streaming = asyncio.create_task(stream_until_marker_or_close(opened.ws, audio(9, 4.0), 1.0))
+        await asyncio.sleep(1.5)
+        draining.signal(signal.SIGTERM)
+        messages, closed = await streaming
+        assert closed is None and not [m for m in messages if m["type"] == "Error"], messages
+        assert times(messages) == sorted(times(messages))
+        await opened.ws.close()
+        assert draining.wait(20) == 0
+        assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="moved"}') == 1
+
+
 def router_metric(router: support.RouterProcess, sample: str) -> float | None:
     status, body = support.http_get(router.url + "/metrics")
     assert status == 200

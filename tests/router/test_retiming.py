@@ -9,7 +9,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from asrpool.router import frames, retiming
+from asrpool.common import protocol
+from asrpool.router import frames, proxying, relaying, retiming
 
 
 def client_frame(message: dict[str, object], **packing: bool) -> tuple[bytes, int]:
@@ -78,3 +79,21 @@ def test_a_new_pods_flow_is_cut_into_whole_frames_across_reads() -> None:
 def test_a_new_pod_that_breaks_the_rules_is_told(bad: bytes) -> None:
     got, fault = retiming.PodFrames(1000).feed(bad)
     assert got == [] and "no moved stream takes" in fault
+
+
+@pytest.mark.parametrize(("code", "close"), [("draining", 1012), ("overloaded", 1013)])
+def test_a_pods_error_that_ends_a_stream_for_its_own_reasons_is_found(code: str,
+                                                                       close: int) -> None:
+    word = frames.frame(frames.BINARY, msgpack.packb({"type": "Word", "text": "Error",
+                                                      "start_time": 1.0}))
+    error = frames.frame(frames.BINARY, protocol.error("server shutting down",
+                                                       protocol.ErrorCode(code)))
+    at, end = relaying._shed_at(word + error + frames.close_frame(close)) or (0, None)
+    assert (at, end) == (len(word), proxying.PodShed(error, code, close))
+
+
+@pytest.mark.parametrize("code", ["too_large", "idle_timeout", "internal"])
+def test_other_errors_end_the_stream_as_ever(code: str) -> None:
+    error = frames.frame(frames.BINARY, protocol.error("no", protocol.ErrorCode(code)))
+    assert relaying._shed_at(error) is None
+    assert relaying._shed_at(error[:-1]) is None  # not whole: passed on as ever
