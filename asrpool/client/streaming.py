@@ -55,29 +55,110 @@ async def stream_messages(
     on_sent: Callable[[int], None] = lambda _: None,
     timeout: float = 60.0,
 ) -> StreamResult:
-    """Send ``messages`` paced at ``rtf`` x real time; return what came back."""
-    headers = {protocol.API_KEY_HEADER: api_key} if api_key else {}
+    """Send ``messages`` paced at ``rtf`` x real time; return what came back.
+
+    A PCM stream whose connection drops (or whose router shuts down) resumes with its
+    resume token, up to ``MAX_RESUMES`` times: the server says how many samples it holds
+    (``asrpool-resume-offset``), and the audio is sent again from there; it replays the
+    messages after the last one received here (``asrpool-resume-received``)."""
+    plan = list(messages)
+    resumable = not any(m["type"] == "OggOpus" for m in plan)  # pages cannot restart mid-way
+    state = _Resume(resumable)
+    for attempt in range(MAX_RESUMES + 1):
+        if attempt:
+            await asyncio.sleep(RESUME_BACKOFF_S * attempt)
+        ended = await _connection(url, plan, state, api_key, (rtf, timeout),
+                                  (on_message, on_sent))
+        if ended is not _DROPPED or state.token is None:
+            return StreamResult(state.received, ended is _MARKER)
+    return StreamResult(state.received, False)
+
+
+MAX_RESUMES = 5
+RESUME_BACKOFF_S = 0.2  # times the attempt: a router replaced, a network back
+_MARKER, _CLOSED, _DROPPED = "marker", "closed", "dropped"
+RESUMABLE_CLOSES = frozenset({protocol.CloseCode.NO_STATUS, protocol.CloseCode.LOST,
+                              protocol.CloseCode.RESTART, 1001})
+
+
+@dataclasses.dataclass
+class _Resume:
+    """What a resume needs: the token, what was received and sent so far."""
+
+    resumable: bool
+    token: str | None = None
+    received: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    sent_samples: int = 0  # the furthest sent, for progress counted once
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        headers = {protocol.API_KEY_HEADER: api_key} if api_key else {}
+        if self.resumable:
+            headers[protocol.RESUMABLE_HEADER] = "1"
+        if self.token is not None:
+            headers[protocol.RESUME_TOKEN_HEADER] = self.token
+            got = sum(m.get("type") != "Ready" for m in self.received)
+            headers[protocol.RESUME_RECEIVED_HEADER] = str(got)
+        return headers
+
+
+async def _connection(url: str, plan: list[dict[str, Any]], state: _Resume,
+                      api_key: str | None, pace: tuple[float, float],
+                      callbacks: tuple[Callable[[dict[str, Any]], None],
+                                       Callable[[int], None]]) -> str:
+    """One connection of the stream: how it ended (marker, closed, dropped)."""
+    rtf, timeout = pace
+    on_message, on_sent = callbacks
+    resuming = state.token is not None
     try:
-        async with connect(streaming_url(url), additional_headers=headers, max_size=None,
-                           open_timeout=timeout) as ws:
-            received: list[dict[str, Any]] = []
-            reader = asyncio.create_task(_read_until_marker(ws, received, on_message))
-            writer = asyncio.create_task(_send_paced(ws, messages, rtf, on_sent))
+        async with connect(streaming_url(url), additional_headers=state.headers(api_key),
+                           max_size=None, open_timeout=timeout) as ws:
+            headers = ws.response.headers if ws.response is not None else {}
+            if state.resumable:
+                state.token = headers.get(protocol.RESUME_TOKEN_HEADER) or state.token
+            held = int(headers.get(protocol.RESUME_OFFSET_HEADER) or 0) if resuming else 0
+
+            def sent(samples: int, upto: int) -> None:
+                if upto > state.sent_samples:
+                    on_sent(upto - state.sent_samples)
+                    state.sent_samples = upto
+
+            reader = asyncio.create_task(_read_until_marker(ws, state.received, on_message))
+            writer = asyncio.create_task(_send_paced(ws, from_sample(plan, held), rtf,
+                                                     held, sent))
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if reader not in done:
                 await _await_marker(reader, timeout)
             writer.cancel()
-            return StreamResult(received, reader.result())
+            return reader.result()
     except InvalidStatus as exc:
         raise StreamError(_status_message(exc.response.status_code)) from exc
     except InvalidURI as exc:
         raise StreamError(f"not a websocket URL: {url}") from exc
     except (OSError, TimeoutError) as exc:
+        if resuming:  # the platform changing under the stream: try again
+            return _DROPPED
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise StreamError(f"cannot connect to {url}: {reason}") from exc
 
 
-async def _await_marker(reader: asyncio.Task[bool], timeout: float) -> None:
+def from_sample(plan: list[dict[str, Any]], held: int) -> Iterator[dict[str, Any]]:
+    """The stream's messages from its ``held``-th sample on (what a resumed server does
+    not have yet): audio before it dropped, the message across it cut, and a message
+    between audio (a marker) kept only where it comes at or after that sample."""
+    at = 0
+    for message in plan:
+        if message["type"] != "Audio":
+            if at >= held:
+                yield message
+            continue
+        pcm = message["pcm"]
+        end = at + len(pcm)
+        if end > held:
+            yield {**message, "pcm": pcm[max(0, held - at):]}
+        at = end
+
+
+async def _await_marker(reader: asyncio.Task[str], timeout: float) -> None:
     """All audio is sent; the marker must follow within ``timeout`` seconds."""
     done, _ = await asyncio.wait({reader}, timeout=timeout)
     if not done:
@@ -114,8 +195,10 @@ def as_opus(messages: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 async def _send_paced(ws: Any, messages: Iterable[dict[str, Any]], rtf: float,
-                      on_sent: Callable[[int], None]) -> None:
-    start, sent_seconds = time.monotonic(), 0.0
+                      start_sample: int, on_sent: Callable[[int, int], None]) -> None:
+    """Send, paced; ``on_sent(samples, upto)`` after each message of audio (``upto``: the
+    stream's samples sent by then, counted from the start of the stream)."""
+    start, sent_seconds, upto = time.monotonic(), 0.0, start_sample
     for message in messages:
         body = dict(message)
         samples = 0
@@ -127,7 +210,8 @@ async def _send_paced(ws: Any, messages: Iterable[dict[str, Any]], rtf: float,
             samples = body.pop("samples", 0)
         if samples:
             sent_seconds += samples / protocol.SAMPLE_RATE
-            on_sent(samples)
+            upto += samples
+            on_sent(samples, upto)
         try:
             await ws.send(msgpack.packb(body, use_bin_type=True))
         except ConnectionClosed:
@@ -138,18 +222,27 @@ async def _send_paced(ws: Any, messages: Iterable[dict[str, Any]], rtf: float,
 
 
 async def _read_until_marker(ws: Any, received: list[dict[str, Any]],
-                             on_message: Callable[[dict[str, Any]], None]) -> bool:
+                             on_message: Callable[[dict[str, Any]], None]) -> str:
+    """Every message until the marker (``_MARKER``), a close (``_CLOSED``) or a drop the
+    stream may resume after (``_DROPPED``: a lost connection, a server shutting down)."""
+    draining = False
     try:
         async for frame in ws:
             if isinstance(frame, str):
                 continue
             message = msgpack.unpackb(frame, raw=False)
+            if message.get("type") == "Error" and message.get("code") == "draining":
+                draining = True  # its close follows: resume elsewhere
+                continue
+            if message.get("type") == "Ready" and received:
+                continue  # a resumed connection's
             received.append(message)
             on_message(message)
             if message.get("type") == "Error":
                 raise StreamError(f"server error: {message.get('message')}")
             if message.get("type") == "Marker" and message.get("id") == MARKER_ID:
-                return True
+                return _MARKER
     except ConnectionClosed:
         pass
-    return False
+    code = ws.close_code if ws.close_code is not None else protocol.CloseCode.LOST
+    return _DROPPED if draining or code in RESUMABLE_CLOSES else _CLOSED
