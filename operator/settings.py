@@ -35,7 +35,8 @@ class OperatorSettings(redis_clients.RedisCredentials):
     # Redis as the operator reads it (live slot use) and as server pods reach it.
     redis_url: str = pydantic.Field(
         default="redis://127.0.0.1:6379/0", description="Redis the pods heartbeat to"
-        " (redis+cluster://host:port for a Redis Cluster, naming any node)")
+        " (redis+cluster://host:port for a Redis Cluster, naming any node;"
+        " redis+sentinel://s1:26379,s2:26379/service/db for Sentinel)")
     pod_redis_url: str | None = pydantic.Field(
         default=None, description="Redis URL as the server pods reach it, if not --redis-url"
         " (no password in it)")

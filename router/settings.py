@@ -28,7 +28,8 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     redis_url: str = pydantic.Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis of the slot registry (redis://host:port/db, or for a Redis Cluster"
-        " redis+cluster://host:port naming any node; no password in it)")
+        " redis+cluster://host:port naming any node, for Sentinel"
+        " redis+sentinel://s1:26379,s2:26379/service/db; no password in it)")
     host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
     port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
     policy: policies.Policy = pydantic.Field(

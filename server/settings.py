@@ -78,7 +78,8 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
     redis_url: str | None = pydantic.Field(
         default=None, description="heartbeat into this Redis, the slot registry (redis+cluster://"
-        " for a Redis Cluster; no password in it: ASRPOOL_REDIS_PASSWORD or"
+        " for a Redis Cluster, redis+sentinel://s1:26379,s2:26379/service/db for Sentinel; no"
+        " password in it: ASRPOOL_REDIS_PASSWORD or"
         " --redis-password-file)")
     redis_timeout_seconds: float = pydantic.Field(
         default=0.5, gt=0, description="longest wait for one Redis call")

@@ -3,6 +3,7 @@ namespace B's credentials keeps its own heartbeat and touches nothing of namespa
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -124,3 +125,40 @@ async def test_a_real_server_pod_heartbeats_with_its_namespace_user(
         assert "heartbeat to Redis failed" not in server.log()
         server.stop()  # a clean exit withdraws the pod, with the same user
         assert not watcher.exists(registry.pod_key("b/stt", "b/stt-1"))
+
+
+async def test_under_sentinel_the_pod_user_is_on_every_node_and_outlives_a_failover(
+    tmp_path: Path
+) -> None:
+    """ACL users are not replicated: the promoted replica must have them already."""
+    sentinels = redis_servers.RedisSentinelServers(tmp_path)
+    sentinels.start()
+    try:
+        operator = redis_clients.connect(sentinels.url, 2.0)
+        await redis_acl.ensure_pod_user(operator, "speech", "pw-speech")
+        await operator.aclose()
+        for server in sentinels.servers:
+            with server.client() as node:
+                assert node.acl_getuser(redis_acl.pod_user("speech")) is not None, server.port
+        sentinels.primary().kill()
+        pod = redis_clients.connect(
+            redis_clients.with_username(sentinels.url, redis_acl.pod_user("speech")), 2.0,
+            password="pw-speech")
+        try:
+            await _until_written(pod, _beat("speech/stt-1", "speech/stt"))
+            assert sentinels.primary().process is not None  # a replica, promoted
+        finally:
+            await pod.aclose()
+    finally:
+        sentinels.stop()
+
+
+async def _until_written(client: aioredis.Redis, beat: registry.PodHeartbeat) -> None:
+    """The pod user's heartbeat, once the sentinels have promoted a replica."""
+    for _ in range(150):
+        try:
+            await registry.write_heartbeat(client, beat, announce=False)
+            return
+        except redis.exceptions.ConnectionError:
+            await asyncio.sleep(0.2)
+    raise AssertionError("the pod user could not write after the failover")

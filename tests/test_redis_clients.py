@@ -156,3 +156,24 @@ def test_a_cluster_is_named_by_its_urls_scheme() -> None:
         "redis+cluster://pods@h:7000/0"
     assert redis_clients.without_password("redis+cluster://u:pw@h:7000/0") == \
         "redis+cluster://u:***@h:7000/0"
+
+
+@pytest.mark.parametrize(("url", "sentinels", "service", "db", "user"), [
+    ("redis+sentinel://a:26379,b:26380,c/asrpool/2", [("a", 26379), ("b", 26380),
+                                                      ("c", 26379)], "asrpool", 2, None),
+    ("redis+sentinel://ns-speech@[::1]:5000/main", [("::1", 5000)], "main", 0, "ns-speech"),
+])
+def test_a_sentinel_url_names_its_sentinels_service_and_database(
+    url: str, sentinels: list[tuple[str, int]], service: str, db: int, user: str | None
+) -> None:
+    assert redis_clients.is_sentinel(url) and not redis_clients.is_cluster(url)
+    where = redis_clients.sentinel_address(url)
+    assert (where.sentinels, where.service, where.db, where.username) == (
+        sentinels, service, db, user)
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://a:1/", "redis+sentinel:///asrpool",
+                                 "redis+sentinel://a:x/asrpool", "redis+sentinel://a/s/db"])
+def test_a_sentinel_url_that_names_none_says_how_one_is_written(url: str) -> None:
+    with pytest.raises(ValueError, match=r"redis\+sentinel://|is no number"):
+        redis_clients.sentinel_address(url)

@@ -70,9 +70,15 @@ def pod_user_rules(namespace: str, password: str) -> list[str]:
 
 async def ensure_pod_user(redis: aioredis.Redis, namespace: str, password: str) -> None:
     """Create or restore ``namespace``'s pod user, exactly (raises Redis's error: a user
-    without ACL rights gets ``NoPermissionError``); on a Redis Cluster, on every node
-    (each keeps its own users)."""
+    without ACL rights gets ``NoPermissionError``); on a Redis Cluster, on every node,
+    and under Sentinel, on the primary and every replica (each keeps its own users, and
+    a replica promoted by a failover must have them already)."""
     nodes = {"target_nodes": aiocluster.RedisCluster.ALL_NODES} if redis_clients.is_cluster(
         redis) else {}
-    await redis.execute_command("ACL", "SETUSER", pod_user(namespace),
-                                *pod_user_rules(namespace, password), **nodes)
+    command = ("ACL", "SETUSER", pod_user(namespace), *pod_user_rules(namespace, password))
+    await redis.execute_command(*command, **nodes)
+    for replica in await redis_clients.replicas(redis):
+        try:
+            await replica.execute_command(*command)
+        finally:
+            await replica.aclose()

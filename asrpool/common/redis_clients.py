@@ -17,10 +17,19 @@ makes of a plain one (scripts, pipelines, single-key commands, ``TIME``), and
 :func:`connect` gives it under the plain client's type. What differs: several calls in
 one pipeline are sent node by node (:func:`is_cluster` tells the callers that run
 scripts in pipelines), and keyless commands go to one node.
+
+A Redis run by Sentinel (high availability: a primary, its replicas, and sentinels that
+promote a replica when the primary fails) is named by ``redis+sentinel://`` (or
+``rediss+sentinel://``) with every sentinel, then the primary's service name and the
+database: ``redis+sentinel://[USER@]S1:26379,S2:26379,S3:26379/SERVICE[/DB]``. The
+client asks the sentinels for the primary, and again whenever a call finds it gone:
+after a failover, the next call (the caller's one retry included) reaches the new one.
+The sentinels are asked without a password; the password is the primary's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from pathlib import Path
 from typing import Any, cast
@@ -30,12 +39,16 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.cluster as aiocluster
 import redis.asyncio.retry as aioretry
+import redis.asyncio.sentinel as aiosentinel
 import redis.cluster
+import redis.sentinel
 from redis import backoff, driver_info, retry
 
 from asrpool.common import environment
 
 CLUSTER_SCHEME_SUFFIX = "+cluster"  # redis+cluster://, rediss+cluster://
+SENTINEL_SCHEME_SUFFIX = "+sentinel"  # redis+sentinel://, rediss+sentinel://
+SENTINEL_PORT = 26379
 
 
 class RedisPasswordError(ValueError):
@@ -84,6 +97,15 @@ def connect(url: str, timeout_seconds: float, *, password: str | None = None,
                "retry": aioretry.Retry(backoff.NoBackoff(), 1), **_deadlines(timeout_seconds)}
     if is_cluster(url):
         return cast(aioredis.Redis, aiocluster.RedisCluster.from_url(plain_url(url), **options))
+    if is_sentinel(url):
+        where = sentinel_address(url)
+        sentinels = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+            where.sentinels, sentinel_kwargs=_deadlines(timeout_seconds))
+        if where.tls:
+            options["connection_class"] = aiosentinel.SentinelManagedSSLConnection
+        primary = sentinels.master_for(where.service, redis_class=aioredis.Redis, db=where.db,
+                                       username=where.username, **options)
+        return cast(aioredis.Redis, primary)
     return aioredis.Redis.from_url(url, **options)
 
 
@@ -94,6 +116,16 @@ def connect_sync(url: str, timeout_seconds: float, *, password: str | None = Non
                "retry": retry.Retry(backoff.NoBackoff(), 1), **_deadlines(timeout_seconds)}
     if is_cluster(url):
         return cast(redis.Redis, redis.cluster.RedisCluster.from_url(plain_url(url), **options))
+    if is_sentinel(url):
+        where = sentinel_address(url)
+        sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            where.sentinels, sentinel_kwargs=_deadlines(timeout_seconds))
+        if where.tls:
+            options["connection_class"] = redis.sentinel.SentinelManagedSSLConnection
+        primary = sentinels.master_for(  # type: ignore[no-untyped-call]
+            where.service, redis_class=redis.Redis, db=where.db, username=where.username,
+            **options)
+        return cast(redis.Redis, primary)
     return redis.Redis.from_url(url, **options)
 
 
@@ -102,6 +134,62 @@ def is_cluster(target: str | aioredis.Redis | redis.Redis) -> bool:
     if isinstance(target, str):
         return urllib.parse.urlsplit(target).scheme.endswith(CLUSTER_SCHEME_SUFFIX)
     return isinstance(target, aiocluster.RedisCluster | redis.cluster.RedisCluster)
+
+
+async def replicas(client: aioredis.Redis) -> list[aioredis.Redis]:
+    """Clients of each replica the sentinels name now, for a client of a Redis run by
+    Sentinel (none otherwise): what every data node must hold that is not replicated
+    (ACL users), the caller closes them."""
+    pool = client.connection_pool
+    if not isinstance(pool, aiosentinel.SentinelConnectionPool):
+        return []
+    found = await pool.sentinel_manager.discover_slaves(pool.service_name)
+    kept = ("username", "password", "db", "socket_timeout", "socket_connect_timeout",
+            "decode_responses", "driver_info")
+    options = {key: value for key, value in pool.connection_kwargs.items() if key in kept}
+    return [aioredis.Redis(host=str(host), port=int(port), **options) for host, port in found]
+
+
+def is_sentinel(url: str) -> bool:
+    """Whether a URL names a Redis run by Sentinel (``redis+sentinel://``)."""
+    return urllib.parse.urlsplit(url).scheme.endswith(SENTINEL_SCHEME_SUFFIX)
+
+
+@dataclasses.dataclass(frozen=True)
+class SentinelAddress:
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    tls: bool
+
+
+def sentinel_address(url: str) -> SentinelAddress:
+    """The sentinels, service and database of a ``redis+sentinel://`` URL; ValueError
+    saying what is wrong with one that names none."""
+    parts = urllib.parse.urlsplit(url)
+    user, _, hosts = parts.netloc.rpartition("@")
+    sentinels = [_host_port(host, url) for host in hosts.split(",") if host]
+    path = [part for part in parts.path.split("/") if part]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"{without_password(url)}: a Sentinel URL is "
+                         "redis+sentinel://[USER@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")
+    username = urllib.parse.unquote(user.partition(":")[0]) if user else None
+    return SentinelAddress(sentinels, path[0], int(path[1]) if len(path) == 2 else 0,
+                           username or None, parts.scheme.startswith("rediss"))
+
+
+def _host_port(host: str, url: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``HOST`` (the sentinels' port) or ``[IPV6]:PORT``."""
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        name, colon, port = host.rpartition(":")
+        name, port = (name, port) if colon else (host, "")
+    if port and not port.isdigit():
+        raise ValueError(f"{without_password(url)}: sentinel port {port!r} is no number")
+    return name, int(port) if port else SENTINEL_PORT
 
 
 def plain_url(url: str) -> str:

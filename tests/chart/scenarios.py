@@ -91,6 +91,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "external-redis": {
         "redis": {"enabled": False, "external": {"url": "redis://redis.example.internal:6379/0"}},
     },
+    "external-redis-sentinel": {
+        "redis": {"enabled": False, "external": {
+            "url": "redis+sentinel://s1.example.internal:26379,s2.example.internal:26379,"
+                   "s3.example.internal:26379/asrpool/0"}},
+    },
     "external-redis-cluster": {
         "redis": {"enabled": False, "external": {
             "url": "redis+cluster://redis-cluster.example.internal:6379/0"}},

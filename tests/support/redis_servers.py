@@ -127,3 +127,66 @@ def _cluster_port() -> int:
         if port + CLUSTER_BUS_OFFSET < 65536 and processes.port_is_free(port + CLUSTER_BUS_OFFSET):
             return port
     raise RuntimeError("no free port with a free cluster bus port 10000 above it")
+
+
+SENTINEL_SERVICE = "asrpool"
+
+
+class RedisSentinelServers:
+    """Redis high availability on loopback, from the same ``redis-server`` binary: a
+    primary, two replicas, and three sentinels (quorum two) that promote a replica a
+    second after the primary stops answering. :meth:`start` returns once every sentinel
+    knows both replicas and the other sentinels."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.servers = [RedisServer(workdir / f"redis-{i}") for i in range(3)]
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        """The platform's URL for it (redis_clients.SENTINEL_SCHEME_SUFFIX)."""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{SENTINEL_SERVICE}/0"
+
+    def start(self) -> None:
+        first = self.servers[0]
+        for server in self.servers:
+            server.workdir.mkdir(parents=True, exist_ok=True)
+            server.start([] if server is first else ["--replicaof", "127.0.0.1", str(first.port)])
+        for port in self.sentinel_ports:
+            config = self.workdir / f"sentinel-{port}.conf"
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+                f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {first.port} 2\n"
+                f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
+                f"sentinel failover-timeout {SENTINEL_SERVICE} 5000\n")
+            self.sentinels.append(subprocess.Popen(
+                [processes.redis_server_argv(port, self.workdir)[0], str(config), "--sentinel"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        processes.wait_until(self._known, 30, "the sentinels to know every server", period=0.1)
+
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, decode_responses=True, socket_timeout=1.0)
+
+    def _known(self) -> bool:
+        for port in self.sentinel_ports:
+            with self._sentinel(port) as sentinel:
+                if (len(sentinel.sentinel_slaves(SENTINEL_SERVICE)) != 2
+                        or len(sentinel.sentinel_sentinels(SENTINEL_SERVICE)) != 2):
+                    return False
+        return True
+
+    def primary(self) -> RedisServer:
+        """The server the sentinels name as primary now."""
+        with self._sentinel(self.sentinel_ports[0]) as sentinel:
+            _, port = sentinel.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)
+        return next(server for server in self.servers if server.port == int(port))
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.kill()
+            sentinel.wait()
+        for server in self.servers:
+            server.stop()
