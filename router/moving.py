@@ -6,8 +6,8 @@ is over: ``draining``; it sheds streams to keep real time: ``overloaded``; its
 ``Error`` is then held back), the relay does not tell the client: the session is released
 on the lost pod and admitted again, under the same session id, key and pool, to another
 of the pool's pods (the waiting room applies, up to its bound). The new pod's ``Ready``
-is not passed on; its results are, their times moved on by the steps the stream had
-taken (``router.retiming``). Meanwhile the client is not read: TCP holds its audio back,
+is not passed on; its results are, their times moved on by the audio the client had
+sent (``router.retiming``). Meanwhile the client is not read: TCP holds its audio back,
 nothing is buffered.
 
 What a moved stream loses: the new pod starts a fresh model context (a few hundred ms

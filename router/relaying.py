@@ -295,6 +295,11 @@ class Relay:
         assert self.moved is not None
         got, fault = self.moved.feed(data)
         for opcode, payload in got:
+            if opcode == frames.BINARY and payload[1:1 + len(ERROR_TYPE)] == ERROR_TYPE:
+                shed = _shed_at(frames.frame(frames.BINARY, payload))
+                if shed is not None and self.movable():  # it moves again
+                    self.end(shed[1])
+                    return
             if opcode == frames.BINARY:
                 message = retiming.retimed(payload, self.moved_at)
                 self.client.write(frames.frame(frames.BINARY, message))

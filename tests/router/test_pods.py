@@ -216,6 +216,35 @@ async def test_a_stream_past_its_pods_drain_grace_moves_to_another_pod(
         assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="moved"}') == 1
 
 
+async def test_a_stream_moves_again_when_its_second_pod_drains(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Killed off its first pod, drained off its second: one unbroken stream, on its own
+    clock all along, on the third."""
+    grace = ("--drain-grace-seconds", "1")
+    pods = [support.pod(redis_server.url, tmp_path, f"pod-{i}", 1, "default", *grace)
+            for i in range(3)]
+    router = support.router(redis_server.url, tmp_path)
+    with running(*pods, router):
+        wait_for_pods(router, 3)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        streaming = asyncio.create_task(stream_until_marker_or_close(opened.ws, audio(5, 6.0), 1.0))
+
+        def serving() -> servers.ServerProcess:
+            return next(p for p in pods if p.poll() is None and p.modules_info()["used_slots"])
+
+        await asyncio.sleep(1.5)
+        serving().signal(signal.SIGKILL)
+        await asyncio.sleep(2.0)
+        serving().signal(signal.SIGTERM)
+        messages, closed = await streaming
+        assert closed is None and not [m for m in messages if m["type"] == "Error"], messages
+        assert times(messages) == sorted(times(messages))
+        await opened.ws.close()
+        assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="moved"}') == 2
+
+
 def router_metric(router: support.RouterProcess, sample: str) -> float | None:
     status, body = support.http_get(router.url + "/metrics")
     assert status == 200
