@@ -140,7 +140,7 @@ async def replicas(client: aioredis.Redis) -> list[aioredis.Redis]:
     """Clients of each replica the sentinels name now, for a client of a Redis run by
     Sentinel (none otherwise): what every data node must hold that is not replicated
     (ACL users), the caller closes them."""
-    pool = client.connection_pool
+    pool = getattr(client, "connection_pool", None)  # a cluster client has none
     if not isinstance(pool, aiosentinel.SentinelConnectionPool):
         return []
     found = await pool.sentinel_manager.discover_slaves(pool.service_name)

@@ -58,7 +58,8 @@ def chart_values(redis_url: str) -> dict[str, Any]:
     return {
         "operator": {"allNamespaces": False, "resyncSeconds": 2},
         "router": {"replicas": 1, "autoscaling": {"enabled": False},
-                   "preStopSleepSeconds": 0, "terminationGracePeriodSeconds": 10},
+                   "preStopSleepSeconds": 0, "drainGraceSeconds": 5,
+                   "terminationGracePeriodSeconds": 10},
         "redis": {"enabled": False, "external": {
             "url": redis_url, "passwordSecret": {"name": "redis-credentials", "key": "pw"}}},
         "metrics": {"dashboard": {"enabled": False}},

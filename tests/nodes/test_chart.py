@@ -57,7 +57,8 @@ def chart_values() -> dict[str, Any]:
         "images": {"control": {"pullPolicy": "Never"}},
         "operator": {"allNamespaces": False, "resyncSeconds": 2},
         "router": {"replicas": 1, "workers": 2, "autoscaling": {"enabled": False},
-                   "preStopSleepSeconds": 0, "terminationGracePeriodSeconds": 10},
+                   "preStopSleepSeconds": 0, "drainGraceSeconds": 5,
+                   "terminationGracePeriodSeconds": 10},
         "redis": {"image": REDIS_IMAGE},
         "metrics": {"dashboard": {"enabled": False}},
     }
