@@ -115,7 +115,7 @@ async def _connection(url: str, plan: list[dict[str, Any]], state: _Resume,
             headers = ws.response.headers if ws.response is not None else {}
             if state.resumable:
                 state.token = headers.get(protocol.RESUME_TOKEN_HEADER) or state.token
-            held = int(headers.get(protocol.RESUME_OFFSET_HEADER) or 0) if resuming else 0
+            held = _held(headers.get(protocol.RESUME_OFFSET_HEADER)) if resuming else 0
 
             def sent(samples: int, upto: int) -> None:
                 if upto > state.sent_samples:
@@ -139,6 +139,12 @@ async def _connection(url: str, plan: list[dict[str, Any]], state: _Resume,
             return _DROPPED
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise StreamError(f"cannot connect to {url}: {reason}") from exc
+
+
+def _held(offset: str | None) -> int:
+    """The samples a resumed server says it holds (all of them resent when it says no
+    number: a word may then come twice, none is lost)."""
+    return int(offset) if offset is not None and offset.isdigit() else 0
 
 
 def from_sample(plan: list[dict[str, Any]], held: int) -> Iterator[dict[str, Any]]:
