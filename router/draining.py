@@ -12,15 +12,12 @@ through another router (``Relay.shutdown``). A second signal cuts the wait short
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import time
-from types import FrameType
-from typing import Any
 
 import uvicorn
 
+from asrpool.common import graceful
 from asrpool.router import wiring
 
 log = logging.getLogger(__name__)
@@ -40,40 +37,14 @@ async def drain(deps: wiring.Deps, grace: float) -> None:
         log.info("drained: no stream open")
 
 
-class DrainingRouter(uvicorn.Server):
-    """uvicorn, with a drain between the signal and the shutdown."""
+class DrainingRouter(graceful.GracefulServer):
+    """uvicorn, with the router's drain between the signal and the shutdown."""
 
     def __init__(self, config: uvicorn.Config, deps: wiring.Deps) -> None:
         super().__init__(config)
         self.deps = deps
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.draining: asyncio.Task[None] | None = None
 
-    async def serve(self, sockets: list[Any] | None = None) -> None:
-        self.loop = asyncio.get_running_loop()
-        await super().serve(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.deps.draining or self.loop is None:
-            self.should_exit = True
-            if sig == signal.SIGINT and self.deps.draining:
-                self.force_exit = True
-            return
+    async def drain(self) -> None:
         self.deps.draining = True  # readiness and admissions see it at once
-        log.info("received %s: draining for up to %.0f s", signal.Signals(sig).name,
-                 self.deps.config.drain_grace_seconds)
-        self.loop.call_soon_threadsafe(self._begin)
-
-    def _begin(self) -> None:
-        self.draining = asyncio.create_task(drain(self.deps, self.deps.config.drain_grace_seconds))
-        self.draining.add_done_callback(self._drained)
-
-    def _drained(self, _: asyncio.Task[None]) -> None:
-        self.should_exit = True
-
-    async def shutdown(self, sockets: list[Any] | None = None) -> None:
-        if self.draining is not None and not self.draining.done():
-            self.draining.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.draining
-        await super().shutdown(sockets)
+        log.info("draining for up to %.0f s", self.deps.config.drain_grace_seconds)
+        await drain(self.deps, self.deps.config.drain_grace_seconds)

@@ -12,16 +12,12 @@ so a drained pod exits 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import time
-from types import FrameType
-from typing import Any
 
 import uvicorn
 
-from asrpool.common import protocol
+from asrpool.common import graceful, protocol
 from asrpool.server import outcomes, pods
 
 logger = logging.getLogger(__name__)
@@ -57,44 +53,21 @@ async def drain(pod: pods.Pod, grace: float) -> None:
     logger.info("drained")
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn, with a drain between the signal and the shutdown."""
+class DrainingServer(graceful.GracefulServer):
+    """uvicorn, with the pod's drain between the signal and the shutdown."""
 
     def __init__(self, config: uvicorn.Config, pod: pods.Pod) -> None:
         super().__init__(config)
         self.pod = pod
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain: asyncio.Task[None] | None = None
-        self._signalled = False
 
-    async def serve(self, sockets: list[Any] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._signalled or self._loop is None:
-            self.should_exit = True
-            if sig == signal.SIGINT and self._signalled:
-                self.force_exit = True
-            return
-        self._signalled = True
-        logger.info("received %s: draining", signal.Signals(sig).name)
-        self._loop.call_soon_threadsafe(self._begin_drain)
-
-    def _begin_drain(self) -> None:
-        if self.pod.begin_drain():
-            self._drain = asyncio.create_task(
-                drain(self.pod, self.pod.settings.drain_grace_seconds))
-            self._drain.add_done_callback(lambda _: self.pod.stopped.set())
+    async def drain(self) -> None:
+        try:
+            if self.pod.begin_drain():  # False: it was not serving, nothing to drain
+                await drain(self.pod, self.pod.settings.drain_grace_seconds)
+        finally:
+            self.pod.stopped.set()
 
     async def on_tick(self, counter: int) -> bool:
         if self.pod.stopped.is_set():
             self.should_exit = True
         return await super().on_tick(counter)
-
-    async def shutdown(self, sockets: list[Any] | None = None) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
-        await super().shutdown(sockets)
