@@ -295,11 +295,9 @@ class Relay:
         assert self.moved is not None
         got, fault = self.moved.feed(data)
         for opcode, payload in got:
-            if opcode == frames.BINARY and payload[1:1 + len(ERROR_TYPE)] == ERROR_TYPE:
-                shed = _shed_at(frames.frame(frames.BINARY, payload))
-                if shed is not None and self.movable():  # it moves again
-                    self.end(shed[1])
-                    return
+            if opcode == frames.BINARY and (shed := _shed(payload)) and self.movable():
+                self.end(proxying.PodShed(frames.frame(frames.BINARY, payload), *shed))
+                return  # it moves again
             if opcode == frames.BINARY:
                 message = retiming.retimed(payload, self.moved_at)
                 self.client.write(frames.frame(frames.BINARY, message))
@@ -425,13 +423,19 @@ def _shed_at(data: bytes) -> tuple[int, proxying.PodShed] | None:
         payload = data[pos + head:pos + head + size]
         if len(payload) < size:
             return None
-        if opcode == frames.BINARY and payload[1:1 + len(ERROR_TYPE)] == ERROR_TYPE:
-            try:
-                code = msgpack.unpackb(payload, raw=False).get("code")
-            except (ValueError, AttributeError, msgpack.UnpackException):
-                return None
-            close = SHED_CLOSES.get(code)
-            if close is not None:
-                return pos, proxying.PodShed(data[pos:pos + head + size], code, close)
+        if opcode == frames.BINARY and (shed := _shed(payload)):
+            return pos, proxying.PodShed(data[pos:pos + head + size], *shed)
         pos += head + size
     return None
+
+
+def _shed(payload: bytes) -> tuple[str, int] | None:
+    """The code and close of a pod's Error that ends a stream for the pod's own reasons."""
+    if payload[1:1 + len(ERROR_TYPE)] != ERROR_TYPE:
+        return None
+    try:
+        code = msgpack.unpackb(payload, raw=False).get("code")
+    except (ValueError, AttributeError, msgpack.UnpackException):
+        return None
+    close = SHED_CLOSES.get(code) if isinstance(code, str) else None
+    return None if close is None else (code, close)

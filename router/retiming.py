@@ -17,11 +17,12 @@ from typing import Any
 import msgpack
 
 from asrpool.common import framing, protocol
+from asrpool.router import frames
 
 PCM_KEY = b"\xa3pcm"  # msgpack: the key "pcm"
 PEEK_BYTES = 48  # of a message's payload: enough for its type and its array's header
 _ARRAYS = {0xDC: ">H", 0xDD: ">I"}
-BINARY, CLOSE, PING, PONG = 0x2, 0x8, 0x9, 0xA
+_TAKEN = frozenset({frames.BINARY, frames.CLOSE, frames.PING, frames.PONG})
 
 
 def audio_samples(data: bytes, start: int) -> int:
@@ -31,9 +32,7 @@ def audio_samples(data: bytes, start: int) -> int:
     head = data[start:start + PEEK_BYTES]
     if len(head) < 8 or start < 4:
         return 0
-    mask = data[start - 4:start]
-    key = int.from_bytes((mask * (len(head) // 4 + 1))[:len(head)], "big")
-    plain = (int.from_bytes(head, "big") ^ key).to_bytes(len(head), "big")
+    plain = frames.unmask(head, data[start - 4:start])
     at = plain.find(PCM_KEY)
     if at < 0 or b"Audio" not in plain:
         return 0
@@ -78,19 +77,19 @@ class PodFrames:
         """The whole frames now in the flow, as (opcode, payload), and what was wrong
         with it ("" when nothing)."""
         self.buffer += data
-        frames: list[tuple[int, bytes]] = []
+        whole: list[tuple[int, bytes]] = []
         while True:
             got = framing.header(self.buffer)
             if got is None:
-                return frames, ""
+                return whole, ""
             first, opcode, head, size, masked = got
             if masked or first & 0x70 or not first & 0x80 or size > self.max_bytes \
-                    or opcode not in (BINARY, CLOSE, PING, PONG):
-                return frames, "the pod sent a frame no moved stream takes (masked, " \
+                    or opcode not in _TAKEN:
+                return whole, "the pod sent a frame no moved stream takes (masked, " \
                     "fragmented, reserved bits or opcode, or over the size limit)"
             if len(self.buffer) < head + size:
-                return frames, ""
-            frames.append((opcode, bytes(self.buffer[head:head + size])))
+                return whole, ""
+            whole.append((opcode, bytes(self.buffer[head:head + size])))
             del self.buffer[:head + size]
 
 
