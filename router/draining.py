@@ -11,9 +11,7 @@ through another router (``Relay.shutdown``). A second signal cuts the wait short
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
 import uvicorn
 
@@ -22,14 +20,10 @@ from asrpool.router import wiring
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.1
-
 
 async def drain(deps: wiring.Deps, grace: float) -> None:
     """Wait until no stream is open through this router, or ``grace`` seconds."""
-    deadline = time.monotonic() + grace
-    while len(deps.sessions) and time.monotonic() < deadline:
-        await asyncio.sleep(POLL_SECONDS)
+    await graceful.wait_while(lambda: len(deps.sessions), grace)
     left = len(deps.sessions)
     if left:
         log.info("drain grace over: handing %d streams back for a resume", left)

@@ -11,9 +11,7 @@ so a drained pod exits 0.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
 import uvicorn
 
@@ -22,7 +20,6 @@ from asrpool.server import outcomes, pods
 
 logger = logging.getLogger(__name__)
 
-_POLL_SECONDS = 0.1
 _CLOSE_SECONDS = 3.0
 
 
@@ -33,9 +30,7 @@ async def drain(pod: pods.Pod, grace: float) -> None:
     resume is accepted while draining); each stream still attached at the end hears
     how far its audio was transcribed.
     """
-    deadline = time.monotonic() + grace
-    while pod.sessions.used and time.monotonic() < deadline:
-        await asyncio.sleep(_POLL_SECONDS)
+    await graceful.wait_while(lambda: pod.sessions.used, grace)
     leftover = pod.sessions.streams()
     if leftover:
         logger.info("drain grace over: closing %d streams", len(leftover))
@@ -47,9 +42,7 @@ async def drain(pod: pods.Pod, grace: float) -> None:
             stream.end_connection(outcomes.shutting_down(processed, received))
         else:
             pod.sessions.close(stream)
-    close_by = time.monotonic() + _CLOSE_SECONDS
-    while pod.sessions.used and time.monotonic() < close_by:
-        await asyncio.sleep(_POLL_SECONDS)
+    await graceful.wait_while(lambda: pod.sessions.used, _CLOSE_SECONDS)
     logger.info("drained")
 
 

@@ -13,12 +13,23 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
 log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.1
+
+
+async def wait_while(busy: Callable[[], object], seconds: float) -> None:
+    """Return once ``busy()`` is false (no stream left) or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while busy() and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_SECONDS)
 
 
 class GracefulServer(uvicorn.Server):
