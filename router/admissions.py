@@ -21,6 +21,17 @@ from asrpool.router import keys, scripts, settings, tokens
 
 
 @dataclasses.dataclass(frozen=True)
+class Earlier:
+    """What a stream had on the pods before its current one (``router.moving``): the
+    samples its client had sent, and the messages (``Ready`` apart) it had been sent.
+    A resume adds them to its pod's counts: the stream's clock and resume offset, and
+    the messages it asks its pod to replay, are the stream's, not its pod's."""
+
+    samples: int = 0
+    messages: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     """What a client asks for: a stream in ``pool`` on behalf of API key ``key_id``."""
 
@@ -29,6 +40,7 @@ class Request:
     key_limit: int  # 0: no limit
     token: tokens.ResumeToken
     conn: str  # this connection's id: only its owner may renew or end a session
+    earlier: Earlier = Earlier()  # a moved stream's, recorded with its new pod
 
 
 @dataclasses.dataclass
@@ -47,6 +59,7 @@ class Session:
     pod_resume_token: str = ""
     pod_session_id: str = ""
     state: str = "reserved"
+    earlier: Earlier = Earlier()
     # Set by lease renewal when the pod's heartbeat has lapsed for good (a pod that
     # vanished without closing its sockets).
     pod_gone: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
@@ -66,6 +79,8 @@ class Session:
             "state": self.state,
             "pod_resume_token": self.pod_resume_token,
             "pod_session_id": self.pod_session_id,
+            "earlier_samples": str(self.earlier.samples),
+            "earlier_messages": str(self.earlier.messages),
         }
         return [item for pair in pairs.items() for item in pair]
 
@@ -146,6 +161,7 @@ class Admissions:
             conn=request.conn,
             router=c.router_id,
             started_ms=reply.now_ms,
+            earlier=request.earlier,
         )
 
     async def _candidates(self, pool: str, exclude: set[str]) -> list[str]:
@@ -162,7 +178,8 @@ class Admissions:
         """The pod accepted: record what it said (its own ids, for a resume)."""
         session.state = "attached"
         args = scripts.AttachArgs(session.session_id, session.conn, self.config.hold_ms,
-                                  session.pod_resume_token, session.pod_session_id)
+                                  session.pod_resume_token, session.pod_session_id,
+                                  session.earlier.samples, session.earlier.messages)
         attached = bool(await self._attach(keys=_keys(session), args=args))
         if attached:
             await self._hold_keys([session], self.config.hold_ms)
@@ -202,6 +219,7 @@ class Admissions:
             started_ms=reply.started_ms,
             pod_resume_token=reply.pod_resume_token,
             state="resuming",
+            earlier=Earlier(reply.earlier_samples, reply.earlier_messages),
         )
 
     async def release(self, session: Session) -> None:

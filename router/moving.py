@@ -7,7 +7,9 @@ is over: ``draining``; it sheds streams to keep real time: ``overloaded``; its
 on the lost pod and admitted again, under the same session id, key and pool, to another
 of the pool's pods (the waiting room applies, up to its bound). The new pod's ``Ready``
 is not passed on; its results are, their times moved on by the audio the client had
-sent (``router.retiming``). Meanwhile the client is not read: TCP holds its audio back,
+sent (``router.retiming``); those samples, and the messages the client had been sent,
+are recorded with the new pod (``admissions.Earlier``), so that a resume through any
+router goes on on the stream's clock. Meanwhile the client is not read: TCP holds its audio back,
 nothing is buffered.
 
 What a moved stream loses: the new pod starts a fresh model context (a few hundred ms
@@ -21,6 +23,7 @@ times already) ends as before: ``pod_lost``, or the pod's own ``Error`` and clos
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import redis
@@ -41,6 +44,7 @@ async def move(relay: relaying.Relay, request: admissions.Request,
     why = lost.detail if isinstance(lost, proxying.PodLost) else f"it said {lost.code}"
     log.warning("session %s lost its pod %s (%s): moving it", session.session_id,
                 session.pod_id, why)
+    request = dataclasses.replace(request, earlier=admissions.Earlier(*relay.clock()))
     try:
         await deps.admissions.release(session)
         placed = await placing.place(request, deps, _left(relay), avoid=[session.pod_id])

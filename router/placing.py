@@ -131,13 +131,16 @@ async def _claim(
         await asyncio.sleep(config.queue_poll_seconds)
 
 
-async def resume(request: admissions.Request, deps: wiring.Deps) -> Placed | refusals.Refusal:
-    """Reattach to the pod that holds the session. Raises :class:`redis.RedisError`."""
+async def resume(request: admissions.Request, received: int | None,
+                 deps: wiring.Deps) -> Placed | refusals.Refusal:
+    """Reattach to the pod that holds the session; ``received``: the messages its client
+    has (of every pod's, for a moved stream). Raises :class:`redis.RedisError`."""
     got = await _claim(request, deps.admissions, deps.config)
     if isinstance(got, admissions.Refused):
         return refusal_for(got, request, deps.config)
+    of_pod = None if received is None else max(received - got.earlier.messages, 0)
     outcome = await pods.open_stream(got.address, got.pool, deps.config,
-                                     got.pod_resume_token)
+                                     got.pod_resume_token, of_pod)
     if isinstance(outcome, pods.Opened):
         await attach(got, outcome, deps)
         return got, outcome

@@ -52,26 +52,30 @@ Outcome = Opened | Refused | Unreachable
 
 
 def headers(config: settings.RouterSettings, pool: str,
-            pod_resume_token: str = "") -> dict[str, str]:
+            pod_resume_token: str = "", received: int | None = None) -> dict[str, str]:
     """The router always asks the pod to keep a stream whose link drops: its own
-    clients resume through any router."""
+    clients resume through any router. A resume names the messages of this pod's that
+    its client has (``received``), so the pod sends again those lost in flight."""
     out = {protocol.RESUMABLE_HEADER: "1"}
     token = config.pod_token_for(pool)
     if token is not None:
         out[protocol.POD_TOKEN_HEADER] = token
     if pod_resume_token:
         out[protocol.RESUME_TOKEN_HEADER] = pod_resume_token
+    if pod_resume_token and received is not None:
+        out[protocol.RESUME_RECEIVED_HEADER] = str(received)
     return out
 
 
 async def open_stream(
-    address: str, pool: str, config: settings.RouterSettings, pod_resume_token: str = ""
+    address: str, pool: str, config: settings.RouterSettings, pod_resume_token: str = "",
+    received: int | None = None,
 ) -> Outcome:
     try:
         link, first = await links.dial(
             address,
             protocol.STREAMING_PATH,
-            headers(config, pool, pod_resume_token),
+            headers(config, pool, pod_resume_token, received),
             config.max_message_bytes,
             config.pod_connect_timeout_seconds,
         )

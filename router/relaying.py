@@ -104,6 +104,7 @@ class Relay:
         self.meters = meters.relayed
         self.counted = [0, 0]  # messages up and down already counted
         self.samples = 0  # of audio the client sent: the stream's clock (router.retiming)
+        self.messages_before = 0  # sent to the client before this connection (a resume's)
         self.up.peek = self._peek
         self.moved: retiming.PodFrames | None = None  # a moved stream's new pod's flow
         self.moved_at = 0  # a moved stream's samples before its current pod
@@ -116,6 +117,17 @@ class Relay:
         link.at_boundary = lambda: self.up.at_boundary
         link.on_pause = lambda paused: self.read_client(not paused)
         link.on_lost = self.pod_lost
+
+    def resumed(self, samples: int, messages: int, shift: int) -> None:
+        """A resumed stream: its client had sent ``samples`` and been sent ``messages``;
+        its pod's times are ``shift`` samples behind the stream's (it was moved there)."""
+        self.samples, self.messages_before = samples, messages
+        if shift:
+            self.moved, self.moved_at = retiming.PodFrames(self.max_bytes), shift
+
+    def clock(self) -> tuple[int, int]:
+        """The samples the client has sent, the messages (``Ready`` apart) it was sent."""
+        return self.samples, self.messages_before + self.down.messages
 
     async def run(self, first: bytes, pod_gone: asyncio.Event) -> proxying.End:
         """Forward the pod's first frame, relay until one side ends, say how."""

@@ -337,6 +337,8 @@ class AttachArgs(NamedTuple):
     hold_ms: int
     pod_resume_token: str
     pod_session_id: str
+    earlier_samples: int  # a moved stream's (admissions.Earlier)
+    earlier_messages: int
 
 
 # The pod accepted the stream: it now holds the slot, for its resume grace even if this
@@ -345,7 +347,7 @@ class AttachArgs(NamedTuple):
 ATTACH = _PRELUDE + """
 if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'attached', 'pod_resume_token', ARGV[4],
-  'pod_session_id', ARGV[5])
+  'pod_session_id', ARGV[5], 'earlier_samples', ARGV[6], 'earlier_messages', ARGV[7])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 count(KEYS[3], now + tonumber(ARGV[3]), ARGV[1])
 return 1
@@ -516,26 +518,30 @@ class ResumeArgs(NamedTuple):
 
 
 class ResumeReply(NamedTuple):
-    """RESUME's reply: {'ok', address, pod_resume_token, pool, started_ms} | {denial}."""
+    """RESUME's reply: {'ok', address, pod_resume_token, pool, started_ms,
+    earlier_samples, earlier_messages} | {denial}."""
 
     denial: Denial | None  # None: claimed
     address: str = ""
     pod_resume_token: str = ""
     pool: str = ""
     started_ms: int = 0
+    earlier_samples: int = 0
+    earlier_messages: int = 0
 
     @classmethod
     def decode(cls, reply: list[str]) -> ResumeReply:
         if reply[0] != "ok":
             return cls(Denial(reply[0]))
-        return cls(None, reply[1], reply[2], reply[3], int(reply[4]))
+        return cls(None, reply[1], reply[2], reply[3], int(reply[4]), int(reply[5]),
+                   int(reply[6]))
 
 
 # Claim a session to resume it, in one step: the token, the key and the pod are checked
 # and the record taken for this connection (the last claim wins, as on the pod).
 RESUME = _PRELUDE + """
 local h = redis.call('HMGET', KEYS[1], 'token_sha', 'pod', 'address', 'key_id',
-  'pod_resume_token', 'pool', 'started_ms')
+  'pod_resume_token', 'pool', 'started_ms', 'earlier_samples', 'earlier_messages')
 if not h[1] or h[1] ~= ARGV[2] or h[4] ~= ARGV[3] or not h[5] or h[5] == ''
     or h[2] ~= ARGV[7] then
   return {'bad_resume_token'}
@@ -545,5 +551,5 @@ local hold_ms = tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], 'conn', ARGV[4], 'router', ARGV[6], 'state', 'resuming')
 redis.call('PEXPIRE', KEYS[1], hold_ms)
 count(KEYS[3], now + hold_ms, ARGV[1])
-return {'ok', h[3], h[5], h[6], h[7]}
+return {'ok', h[3], h[5], h[6], h[7], h[8] or '0', h[9] or '0'}
 """

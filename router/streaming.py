@@ -91,14 +91,23 @@ async def throttle(ws: starlette_ws.WebSocket, throttled: rates.Throttled) -> No
         throttled.message, throttled.status, throttled.headers))
 
 
-def _extension_headers(token: tokens.ResumeToken, opened: pods.Opened) -> list[tuple[bytes, bytes]]:
+def _extension_headers(token: tokens.ResumeToken, resume_offset: int | None
+                       ) -> list[tuple[bytes, bytes]]:
     out = [
         (protocol.SESSION_ID_HEADER, token.session_id),
         (protocol.RESUME_TOKEN_HEADER, token.text),
     ]
-    if opened.resume_offset:
-        out.append((protocol.RESUME_OFFSET_HEADER, opened.resume_offset))
+    if resume_offset is not None:
+        out.append((protocol.RESUME_OFFSET_HEADER, str(resume_offset)))
     return [(name.encode(), value.encode()) for name, value in out]
+
+
+def _resume_offset(session: admissions.Session, opened: pods.Opened) -> int | None:
+    """The samples of the stream the client need not send again: its pod's, and those
+    of the pods it was on before (a moved stream's); None for a new stream."""
+    if not (opened.resume_offset.isascii() and opened.resume_offset.isdigit()):
+        return None
+    return session.earlier.samples + int(opened.resume_offset)
 
 
 async def _start(
@@ -163,13 +172,19 @@ async def _resume(
     if not key.allows(token.pool):
         await forbid(ws, key.refusal(token.pool), deps)
         return
+    received = protocol.resume_received(ws.headers)
+    if isinstance(received, protocol.ProtocolError):  # before anything is claimed
+        deps.meters.rejections.labels(received.code).inc()
+        await ws.send_denial_response(responses.PlainTextResponse(str(received), 400))
+        return
     request = admissions.Request(token.pool, key.id, key.max_streams or 0, token, conn)
-    placed = await _placed_or_unavailable(placing.resume(request, deps), "resume", deps)
+    placed = await _placed_or_unavailable(placing.resume(request, received, deps), "resume",
+                                          deps)
     if isinstance(placed, refusals.Refusal):
         await refuse(ws, placed, deps)
         return
     deps.meters.admissions.labels(placed[0].pool, "resume").inc()
-    await run(ws, request, placed[0], placed[1], deps)
+    await run(ws, request, placed[0], placed[1], deps, received)
 
 
 async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wiring.Deps) -> None:
@@ -202,11 +217,14 @@ async def run(
     session: admissions.Session,
     opened: pods.Opened,
     deps: wiring.Deps,
+    received: int | None = None,
 ) -> None:
     """Upgrade with the session's headers, relay (the pod's Ready first), move the
-    stream to another pod each time its pod is lost (``router.moving``), settle."""
+    stream to another pod each time its pod is lost (``router.moving``), settle.
+    ``received``: a resuming client's count of the messages it has."""
+    offset = _resume_offset(session, opened)
     try:
-        await ws.accept(headers=_extension_headers(request.token, opened))
+        await ws.accept(headers=_extension_headers(request.token, offset))
     except (starlette_ws.WebSocketDisconnect, OSError):  # the client left (ClientDisconnected)
         await _left_before_upgrade(ws, session, opened, deps)
         return
@@ -223,6 +241,9 @@ async def run(
     except framing.EarlyFrames as exc:
         await _early_frames(ws, session, opened, exc, deps)
         return
+    if offset is not None:
+        messages = session.earlier.messages if received is None else received
+        relay.resumed(offset, messages, session.earlier.samples)
     deps.sessions.add(session)
     deps.meters.sessions_open.inc()
     try:

@@ -146,6 +146,18 @@ async def test_forged_resume_token(router: support.RouterProcess) -> None:
         assert close == 1008
 
 
+async def test_a_malformed_resume_count_is_refused_before_anything_is_claimed(
+        router: support.RouterProcess, redis: aioredis.Redis) -> None:
+    token = tokens.mint("default", tokens.new_session_id())
+    with pytest.raises(websockets.InvalidStatus) as caught:
+        await support.connect(router.ws_url, {
+            **with_key(), protocol.RESUME_TOKEN_HEADER: token.text,
+            protocol.RESUME_RECEIVED_HEADER: "12a"})
+    assert caught.value.response.status_code == 400
+    assert b"asrpool-resume-received must be a count of messages" in caught.value.response.body
+    assert await redis.exists(keys.session("default", token.session_id)) == 0
+
+
 async def test_an_old_routers_resume_token_is_told_it_is_old(
         router: support.RouterProcess) -> None:
     """Tokens minted before they named their pool (``SID.SECRET``) are refused once, on

@@ -290,6 +290,50 @@ async def test_router_killed_mid_stream_resumes_through_another(
         assert pod.metric("asr_resumes_total") == 1
 
 
+async def test_a_moved_stream_resumes_through_another_router_on_its_own_clock(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Moved off a SIGKILLed pod, then its router SIGKILLed: the client resumes through
+    another router, told to send again from the audio both pods had taken together, and
+    the new pod's steps go on on the stream's clock, none sent twice or going back."""
+    a = support.pod(redis_server.url, tmp_path, "a-pod", slots=1)
+    b = support.pod(redis_server.url, tmp_path, "b-pod", slots=1)
+    first, second = (support.router(redis_server.url, tmp_path) for _ in range(2))
+    with running(a, b, first, second):
+        wait_for_pods(first, 2)
+        messages = support.messages(audio(11, seconds=6.0))
+        third = len(messages) // 3
+        opened = await support.connect(first.ws_url, {protocol.RESUMABLE_HEADER: "1"})
+        got = [await support.first_message(opened.ws)]
+        await kyutai_client.send_paced(opened.ws, messages[:third])
+        got += await _quiet(opened.ws)
+        (a if a.modules_info()["used_slots"] else b).signal(signal.SIGKILL)
+        moved = 'asrpool_router_streams_moved_total{outcome="moved"}'
+        await asyncio.to_thread(support.wait_until, lambda: router_metric(first, moved) == 1,
+                                20, "the stream moved")
+        await kyutai_client.send_paced(opened.ws, messages[third:2 * third])
+        got += await _quiet(opened.ws)
+        first.kill()
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await opened.ws.recv()
+        again = await support.connect(second.ws_url, {
+            protocol.RESUME_TOKEN_HEADER: opened.resume_token,
+            protocol.RESUME_RECEIVED_HEADER: str(sum(m["type"] != "Ready" for m in got)),
+        })
+        offset = int(again.ws.response.headers[protocol.RESUME_OFFSET_HEADER])  # type: ignore[union-attr]
+        assert offset == sum(len(m["pcm"]) for m in messages[:2 * third] if m["type"] == "Audio")
+        assert (await support.first_message(again.ws))["type"] == "Ready"
+        sender = asyncio.create_task(kyutai_client.send_paced(again.ws, messages[2 * third:]))
+        got += await kyutai_client.until_marker(again.ws, 0, timeout=60)
+        await sender
+        await again.ws.close()
+        steps = [m["step_idx"] for m in got if m["type"] == "Step"]
+        assert steps == sorted(set(steps)), steps  # on, never back, none twice
+        # The 6 s before the marker are 75 steps of the stream's, of which b-pod took 50.
+        assert steps[-1] >= 70, steps
+        assert times(got) == sorted(times(got))
+
+
 async def _quiet(ws: Any, quiet_s: float = 1.5) -> list[dict[str, Any]]:
     """Every message until none came for ``quiet_s``."""
     out = []
