@@ -121,6 +121,22 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "redis": {"auth": {"existingSecret": "asr-redis"}},
     },
     "redis-without-password": {"redis": {"auth": {"enabled": False}}},
+    "redis-sentinel": {"redis": {"sentinel": {"enabled": True}}},
+    "redis-sentinel-tuned": {
+        "fullnameOverride": "speech",
+        "redis": {
+            "sentinel": {"enabled": True, "masterName": "speech-registry",
+                         "downAfterMilliseconds": 5000, "failoverTimeoutMilliseconds": 30000,
+                         "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
+                                       "limits": {"memory": "128Mi"}}},
+            "auth": {"existingSecret": "asr-redis"},
+            **SCHEDULING,
+        },
+        "pools": {"namespaces": ["speech"]},
+    },
+    "redis-sentinel-without-password": {
+        "redis": {"sentinel": {"enabled": True}, "auth": {"enabled": False}},
+    },
     "no-pod-token": {"auth": {"podToken": {"enabled": False}}},
     "monitoring": {
         "operator": {"allNamespaces": True},

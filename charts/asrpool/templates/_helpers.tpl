@@ -50,9 +50,17 @@ app.kubernetes.io/managed-by: asrpool-operator
 {{- prepend .Values.pools.namespaces .Release.Namespace | uniq | toJson }}
 {{- end }}
 
-{{/* Redis: the URL everything dials; never a password in it. */}}
+{{/* Redis: the URL everything dials; never a password in it. Highly available
+(redis.sentinel.enabled): every sentinel, by its pod's stable name, then the name they
+monitor the primary under (asrpool.common.redis_clients follows its failovers). */}}
 {{- define "asrpool.redisUrl" -}}
-{{- if .Values.redis.enabled }}
+{{- if and .Values.redis.enabled .Values.redis.sentinel.enabled }}
+{{- $sentinels := list }}
+{{- range include "asrpool.redisHaHosts" . | fromJsonArray }}
+{{- $sentinels = append $sentinels (printf "%s:26379" .) }}
+{{- end }}
+{{- printf "redis+sentinel://%s/%s/0" (join "," $sentinels) .Values.redis.sentinel.masterName }}
+{{- else if .Values.redis.enabled }}
 {{- printf "redis://%s-redis.%s.svc.cluster.local:6379/0" (include "asrpool.fullname" .) .Release.Namespace }}
 {{- else }}
 {{- .Values.redis.external.url }}
@@ -92,7 +100,7 @@ The built-in Redis: the component's own user's; an external one: its one passwor
 {{- $ctx := index . 0 }}
 {{- $url := include "asrpool.redisUrl" $ctx }}
 {{- if include "asrpool.redisAcl" $ctx }}
-{{- $url = replace "redis://" (printf "redis://asrpool-%s@" (index . 1)) $url }}
+{{- $url = replace "://" (printf "://asrpool-%s@" (index . 1)) $url }}
 {{- end }}
 - name: ASRPOOL_REDIS_URL
   value: {{ $url | quote }}
