@@ -129,9 +129,13 @@ class Relay:
         """The samples the client has sent, the messages (``Ready`` apart) it was sent."""
         return self.samples, self.messages_before + self.down.messages
 
-    async def run(self, first: bytes, pod_gone: asyncio.Event) -> proxying.End:
-        """Forward the pod's first frame, relay until one side ends, say how."""
+    async def run(self, first: bytes, pod_gone: asyncio.Event,
+                  then: bytes | None = None) -> proxying.End:
+        """Forward the pod's first frame (and the router's own message ``then``), relay
+        until one side ends, say how."""
         self.client.write(frames.frame(frames.BINARY, first))
+        if then is not None:
+            self.client.write(frames.frame(frames.BINARY, then))
         self.link.attach(self.from_pod)
         self._schedule_ping()
         return await self._until_ended(pod_gone)

@@ -62,7 +62,7 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
     if deps.draining:  # router.draining: another router takes it
         await refuse(ws, refusals.router_draining(), deps)
         return
-    resume_text = ws.headers.get(protocol.RESUME_TOKEN_HEADER)
+    resume_text = resume_fields(ws).get(protocol.RESUME_TOKEN_HEADER)
     key = authenticate(ws, deps.keyring)
     if key is None:
         await ws.send_denial_response(unauthorized(deps))
@@ -89,6 +89,27 @@ async def throttle(ws: starlette_ws.WebSocket, throttled: rates.Throttled) -> No
     """HTTP 429 before the upgrade; nothing is written to Redis (no demand for the pool)."""
     await ws.send_denial_response(responses.PlainTextResponse(
         throttled.message, throttled.status, throttled.headers))
+
+
+def resume_fields(ws: requests.HTTPConnection) -> dict[str, str]:
+    """The resume fields a client sent: as headers, or as query parameters of the same
+    names (browsers, which cannot set a websocket's headers)."""
+    out = {}
+    for name in protocol.RESUME_FIELDS:
+        value = ws.headers.get(name) or ws.query_params.get(name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _in_band(ws: requests.HTTPConnection, token: tokens.ResumeToken,
+             offset: int | None) -> bytes | None:
+    """For a client that asked for a resume in its query (a browser, which cannot read
+    the 101's headers): its token and offset, sent right after the ``Ready``."""
+    if not any(name in ws.query_params for name in protocol.RESUME_FIELDS):
+        return None
+    return protocol.encode({"type": protocol.RESUMABLE_MESSAGE, "token": token.text,
+                            "session_id": token.session_id, "offset": offset or 0})
 
 
 def _extension_headers(token: tokens.ResumeToken, resume_offset: int | None
@@ -172,7 +193,7 @@ async def _resume(
     if not key.allows(token.pool):
         await forbid(ws, key.refusal(token.pool), deps)
         return
-    received = protocol.resume_received(ws.headers)
+    received = protocol.resume_received(resume_fields(ws))
     if isinstance(received, protocol.ProtocolError):  # before anything is claimed
         deps.meters.rejections.labels(received.code).inc()
         await ws.send_denial_response(responses.PlainTextResponse(str(received), 400))
@@ -247,7 +268,8 @@ async def run(
     deps.sessions.add(session)
     deps.meters.sessions_open.inc()
     try:
-        end = await relay.run(opened.first, session.pod_gone)
+        end = await relay.run(opened.first, session.pod_gone,
+                              _in_band(ws, request.token, offset))
         for _ in range(moving.MAX_MOVES):
             if not isinstance(end, proxying.Movable) or not relay.movable():
                 break
@@ -273,7 +295,7 @@ async def _left_before_upgrade(
     the link is dropped (the pod keeps the stream) and the session detached. A new
     stream's client never got a token: the link is closed (the pod frees the slot at
     once) and the session released."""
-    resuming = bool(ws.headers.get(protocol.RESUME_TOKEN_HEADER))
+    resuming = bool(resume_fields(ws).get(protocol.RESUME_TOKEN_HEADER))
     if resuming:
         opened.link.abort()
     else:
@@ -304,7 +326,7 @@ async def finish(
     """Tell each side what the other did, then settle the session in Redis."""
     said = log.warning if isinstance(end, proxying.PodLost) else log.info
     said("session %s on %s ended: %s", session.session_id, session.pod_id, describe(end))
-    detach = proxying.detaches(end, protocol.resumable(ws.headers))
+    detach = proxying.detaches(end, protocol.resumable(resume_fields(ws)))
     abort = detach or isinstance(end, proxying.Movable)
     if abort:
         # A lost client that may resume: drop the link without a close frame, so that

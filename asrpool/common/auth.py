@@ -90,8 +90,11 @@ def same_secret(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
-# ``auth_id`` (the live page's key, in the query) as uvicorn logs paths, encoded or not.
-_SECRET_QUERY = re.compile(r"((?:^|[?&])auth(?:_|%5f)id=)[^&\s\"']*", re.IGNORECASE)
+# ``auth_id`` (the live page's key) and ``asrpool-resume-token`` (its stream's), in the
+# query, as uvicorn logs paths, encoded or not.
+_SECRET_QUERY = re.compile(
+    r"((?:^|[?&])(?:auth(?:_|%5f)id|asrpool(?:-|%2d)resume(?:-|%2d)token)=)[^&\s\"']*",
+    re.IGNORECASE)
 
 
 def redact(text: str) -> str:
@@ -99,7 +102,8 @@ def redact(text: str) -> str:
 
 
 class RedactSecrets(logging.Filter):
-    """Rewrites a record whose message carries an API key in a query string."""
+    """Rewrites a record whose message carries an API key or a resume token in a query
+    string."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -110,8 +114,8 @@ class RedactSecrets(logging.Filter):
 
 
 def redact_server_logs() -> None:
-    """Keep API keys out of uvicorn's access and websocket lines (call after uvicorn has
-    configured its logging, i.e. after building its ``Config``)."""
+    """Keep API keys and resume tokens out of uvicorn's access and websocket lines (call
+    after uvicorn has configured its logging, i.e. after building its ``Config``)."""
     for name in ("uvicorn.access", "uvicorn.error"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactSecrets) for f in logger.filters):

@@ -34,6 +34,11 @@ RESUME_RECEIVED_HEADER = "asrpool-resume-received"
 # only its stream is kept for the resume grace after a lost connection. Every other
 # close or drop frees the slot at once, as moshi-server does.
 RESUMABLE_HEADER = "asrpool-resumable"
+RESUME_FIELDS = (RESUMABLE_HEADER, RESUME_TOKEN_HEADER, RESUME_RECEIVED_HEADER)
+# A browser cannot set a websocket's headers nor read its 101's: it sends the resume
+# fields as query parameters of the same names, and the router tells it its token and
+# offset in band, right after the Ready, in this message (counted by neither side).
+RESUMABLE_MESSAGE = "Resumable"
 _MAX_COUNT_DIGITS = 18  # any real count of messages fits; int() of more is slow or refused
 
 # moshi-server (axum) takes websocket frames up to 16 MiB: a 10 s float32 chunk is 1.2 MB.

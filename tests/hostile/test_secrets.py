@@ -15,6 +15,7 @@ from websockets import exceptions as ws_exceptions
 
 from asrpool.common import auth, protocol
 from asrpool.common.processes import free_port
+from asrpool.router import tokens
 from tests.router import support
 from tests.support import kyutai_client, redis_servers, servers
 
@@ -87,6 +88,20 @@ async def test_the_router_refuses_with_one_401_and_logs_no_secret(
     log = router.log()
     assert WRONG not in log and "auth_id=<redacted>" in log
     assert "ERROR" not in log and "Traceback" not in log
+
+
+async def test_the_router_logs_no_resume_token_from_a_browsers_query(
+        router: support.RouterProcess) -> None:
+    """A browser sends its resume token in the query: the router's log never shows it."""
+    token = tokens.mint("default", tokens.new_session_id()).text
+    ws = await kyutai_client.connect(
+        f"{router.ws_url}?auth_id={KEY}&asrpool-resume-token={token}", {})
+    error = await kyutai_client.receive(ws, 10)
+    assert error["code"] == "bad_resume_token", error
+    await ws.close()
+    log = router.log()
+    assert token not in log and token.split(".")[-1] not in log
+    assert "asrpool-resume-token=<redacted>" in log
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -5,7 +5,6 @@ balancer would), to a real router and pod."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 from asrpool.client import streaming
@@ -13,39 +12,8 @@ from asrpool.common import audio, protocol
 from tests.router import support
 from tests.router.test_pods import running, wait_for_pods
 from tests.support import streams
+from tests.support.cutting import CuttingProxy
 from tests.support.redis_servers import RedisServer
-
-
-class CuttingProxy:
-    """Loopback TCP to ``port``; :meth:`cut` aborts both sides of every connection."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.open: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self.connections = 0
-
-    async def serve(self) -> asyncio.Server:
-        return await asyncio.start_server(self._handle, "127.0.0.1", 0)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
-        self.open.append((writer, up_writer))
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-
-    def cut(self) -> None:
-        for pair in self.open:
-            for writer in pair:
-                writer.transport.abort()
-        self.open.clear()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError, OSError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    writer.transport.abort()
 
 
 async def test_a_dropped_connection_resumes_and_the_transcript_is_whole(
