@@ -131,6 +131,29 @@ def test_an_external_redis_cluster_reaches_every_part_as_a_cluster_url(
     assert redis_clients.is_cluster(config.redis_url)
 
 
+def test_the_built_in_redis_under_sentinel_reaches_the_server_pods_as_a_sentinel_url(
+    environ: Environ,
+) -> None:
+    """redis.sentinel.enabled: the operator gives the pods it builds the sentinels' URL,
+    with their namespace's user, which the server's settings load."""
+    operator, _ = operator_from("redis-sentinel", environ)
+    assert redis_clients.is_sentinel(operator.redis_url)
+    pool = pools.from_body({"metadata": {"name": "stt-en", "namespace": "speech"},
+                            "spec": {"model": {"name": "kyutai/stt-2.6b-en"}, "slots": 16}})
+    built = children.build_all(pool, operator)
+    config_map = next(c for c in built if c["kind"] == "ConfigMap")
+    server = rendering.container(next(c for c in built if c["kind"] == "Deployment"))
+    env = resolve_env(server, {config_map["metadata"]["name"]: config_map["data"]})
+    environ(env)
+    loaded = server_settings.ServerSettings()
+    assert loaded.redis_url == redis_clients.with_username(operator.redis_url,
+                                                           redis_acl.pod_user("speech"))
+    where = redis_clients.sentinel_address(loaded.redis_url)
+    assert (len(where.sentinels), where.service, where.username) == (
+        3, "asrpool", redis_acl.pod_user("speech"))
+    assert where.sentinels == redis_clients.sentinel_address(operator.redis_url).sentinels
+
+
 def test_the_built_in_redis_has_a_user_per_part_and_its_credentials_stay_in_its_namespace(
     environ: Environ,
 ) -> None:

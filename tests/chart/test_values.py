@@ -76,6 +76,10 @@ BAD_VALUES = [
     ({"router": {"resumeGraceSeconds": 10}}, "/router/resumeGraceSeconds", "minimum"),
     ({"router": {"resources": {"requests": {"cpu": "lots"}}}},
      "/router/resources/requests/cpu", ""),
+    ({"redis": {"sentinel": {"enabled": True, "downAfterMilliseconds": 100}}},
+     "/redis/sentinel/downAfterMilliseconds", "minimum"),
+    ({"redis": {"sentinel": {"masterName": "asrpool/0"}}}, "/redis/sentinel/masterName",
+     "does not match pattern"),
 ]
 
 
@@ -97,10 +101,14 @@ RULES = [
                  "terminationGracePeriodSeconds": 72}},
      "router.terminationGracePeriodSeconds (72) must be at least preStopSleepSeconds + "
      "drainGraceSeconds + 5 (75)"),
+    ({"redis": {"enabled": False, "sentinel": {"enabled": True},
+                "external": {"url": "redis://redis.example.internal:6379/0"}}},
+     "redis.sentinel.enabled runs the built-in Redis (redis.enabled) highly available"),
 ]
 
 
-@pytest.mark.parametrize(("values", "message"), RULES, ids=["hpa-bounds", "router-grace"])
+@pytest.mark.parametrize(("values", "message"), RULES,
+                         ids=["hpa-bounds", "router-grace", "sentinel-needs-built-in"])
 def test_rules_across_values_fail_the_render_with_a_message(
     values: dict[str, Any], message: str
 ) -> None:
