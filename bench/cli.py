@@ -11,7 +11,7 @@ Main = Callable[[list[str]], int]
 # The modules of this package that are benchmarks, each imported only when it runs
 # (engine, capacity and isolation load torch).
 BENCHMARKS = ("engine", "server", "router", "capacity", "isolation", "queue", "soak",
-              "padding", "hostwork", "parity", "sockets", "gil", "nocuts")
+              "padding", "hostwork", "parity", "sockets", "gil", "nocuts", "failover")
 
 
 def main_of(target: str) -> Main:
