@@ -13,10 +13,12 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test prerequisites lint typecheck unit system-deps cluster-binaries images clean \
   parity parity-deps
 
-$(STAMP): pyproject.toml
+# The product with its dev extras, and the developers' harness (harness/: experiments,
+# the local control plane), which only the tests and benchmarks need.
+$(STAMP): pyproject.toml harness/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./harness
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 from numpy.typing import NDArray
 
-from asrpool.bench import isolation, oggfiles
+from asrpool.bench import oggfiles, synthetic
 from asrpool.common import oggopus, processes, protocol
 from asrpool.server import inputs, opuslanes, slots
 
@@ -68,7 +68,7 @@ def build(kind: str, batch: int, steps: int) -> Intake:
 
 
 def _audio(frames: int) -> NDArray[np.float32]:
-    return isolation.speechlike(frames * protocol.FRAME_SIZE / protocol.SAMPLE_RATE, seed=0)
+    return synthetic.speechlike(frames * protocol.FRAME_SIZE / protocol.SAMPLE_RATE, seed=0)
 
 
 class PcmIntake:

@@ -60,7 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--baseline", choices=["nginx"], default=None,
                         help="compare the router's data path with nginx's in front of one "
-                        "websocket backend (bench/nginx.py); --streams, --seconds, --rounds")
+                        "websocket backend (the harness's asrpool_harness.bench.nginx); "
+                        "--streams, --seconds, --rounds")
     parser.add_argument("--router-arg", action="append", default=[],
                         help="extra flag for the router under --baseline (repeatable)")
     parser.add_argument("--churn-streams", type=int, default=1000,
@@ -253,9 +254,9 @@ def bench_proxy(opts: argparse.Namespace, count: int) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
     if opts.baseline == "nginx":
-        from asrpool.bench import nginx
+        from asrpool.bench import cli
 
-        return nginx.main(opts)
+        return int(cli.harness_module("nginx", "--baseline nginx").main(opts))
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # pods share the machine's cores
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -44,7 +44,7 @@ import numpy as np
 from websockets.asyncio import client as ws_client
 from websockets.exceptions import InvalidStatus
 
-from asrpool.bench import hostwork, reports, rtclients
+from asrpool.bench import cli, reports, rtclients
 from asrpool.common import processes, protocol
 
 SAMPLE_RATE = protocol.SAMPLE_RATE
@@ -107,6 +107,7 @@ def main(argv: list[str]) -> int:
     with contextlib.ExitStack() as stack:
         earlier = None
         if args.before is not None:
+            hostwork = cli.harness_module("hostwork", "--before (an earlier commit's pod)")
             tree = stack.enter_context(hostwork.package_tree(args.before))
             earlier = _Server(args, _out_path(args, "-before.log"), python_path=tree)
             stack.callback(earlier.stop)

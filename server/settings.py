@@ -172,7 +172,7 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=2, ge=0, description="engine steps run before the pod is ready")
     # The engine thread lets the GIL go for every torch op and then waits for it while
     # the event loop holds it: Python's 5 ms per wait, dozens of waits a step
-    # (bench/gil.py), or the hand-over's two waits with --engine-process.
+    # (harness/asrpool_harness/bench/gil.py), or the hand-over's two waits with --engine-process.
     gil_switch_ms: float = pydantic.Field(
         default=0.2, gt=0, le=1000, description="the process's GIL switch interval: the "
         "longest a thread waits while another holds the GIL (Python's default: 5)")

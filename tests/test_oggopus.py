@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import sphn
 
-from asrpool.bench import oggfiles, upload_attacks
+from asrpool.bench import oggfiles
 from asrpool.common import oggopus
+from asrpool_harness.bench import upload_attacks
 
 
 def _random_page(rng: np.random.Generator, segments: int) -> bytes:

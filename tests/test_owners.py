@@ -26,7 +26,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("asrpool", "server", "router", "operator", "bench", "plan")  # pyproject's folders
+PACKAGES = ("asrpool", "server", "router", "operator", "bench", "plan", "harness")
+# the pyprojects' folders
 SCRIPTS = (ROOT / "bench" / "gpu-check",)  # Python without the .py (ruff and mypy check it)
 
 POPEN = "Popen"
@@ -59,7 +60,7 @@ ALLOWED = {
     ROOT / "server" / "intake.py": {POPEN},
     # tar streams an image into ctr's stdin, both ended within the call: a pipe between
     # two one-shot tools.
-    ROOT / "asrpool" / "localcluster" / "containerd.py": {POPEN},
+    ROOT / "harness" / "asrpool_harness" / "localcluster" / "containerd.py": {POPEN},
     # Each stage runs in the foreground with the check's own output (what a GPU run
     # shows as it goes), not into a log; past its time processes.terminate stops it.
     ROOT / "bench" / "gpu-check": {POPEN},

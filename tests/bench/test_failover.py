@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asrpool.bench import failover
+from asrpool_harness.bench import failover
 
 SLOTS = 3
 

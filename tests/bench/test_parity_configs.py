@@ -11,9 +11,9 @@ import tomllib
 import torch
 from moshi.models.lm import LMModel
 
-from asrpool.bench import parity_configs
 from asrpool.common import protocol
 from asrpool.server import models
+from asrpool_harness.bench import parity_configs
 
 
 def _config(preset: str = "small", batch_size: int = 3) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from asrpool.bench import parity, parity_cases, parity_padding, parity_reports
 from asrpool.common import audio, protocol
+from asrpool_harness.bench import parity, parity_cases, parity_padding, parity_reports
 
 SERVERS = ("moshi-server", "asrpool pod")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asrpool.bench import parity_weights
 from asrpool.server import models
+from asrpool_harness.bench import parity_weights
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,12 @@ def test_wheel_installs_and_imports(tmp_path: Path) -> None:
     assert "asrpool/operator/__init__.py" in names
     assert "asrpool/plan/simulating.py" in names
     assert not any(name.startswith("operator/") for name in names)
+    # The product alone: the developers' harness (experiments, the local control plane)
+    # is a distribution of its own.
+    assert "asrpool/bench/capacity.py" in names and "asrpool/bench/server.py" in names
+    assert not any(name.startswith(("asrpool_harness/", "asrpool/localcluster/"))
+                   for name in names)
+    assert "asrpool/bench/soak.py" not in names and "asrpool/bench/parity.py" not in names
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(target), str(wheel)], check=True)

@@ -1,4 +1,4 @@
-"""Real nodes check their disk before filling anything (asrpool.localcluster.diskspace)."""
+"""Real nodes check their disk before filling anything (asrpool_harness.localcluster.diskspace)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asrpool.localcluster import diskspace, imagecache, images
+from asrpool_harness.localcluster import diskspace, imagecache, images
 
 GIB = diskspace.GIB
 

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_the_cluster_stops_when_the_process_that_started_it_dies(tmp_path: Path) -> None:
     bin_dir = conftest._build()
-    up = [sys.executable, "-m", "asrpool.localcluster", "--kubeconfig", str(tmp_path / "kc"),
-          "--bin-dir", str(bin_dir), "--workdir", str(tmp_path / "state"), "--exit-with-parent"]
+    up = [sys.executable, "-m", "asrpool_harness.localcluster",
+          "--kubeconfig", str(tmp_path / "kc"), "--bin-dir", str(bin_dir),
+          "--workdir", str(tmp_path / "state"), "--exit-with-parent"]
     # The starter: runs `up`, says when it is ready, then waits to be killed.
     starter = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asrpool.localcluster import podspecs
+from asrpool_harness.localcluster import podspecs
 
 DATA = {("configmap", "cfg"): {"A": "1", "B": "2"}, ("secret", "sec"): {"token": "s3cret"}}
 

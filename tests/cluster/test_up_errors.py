@@ -24,7 +24,7 @@ def test_build_without_go_says_so(tmp_path: Path) -> None:
 
 def up(bin_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "asrpool.localcluster", "--kubeconfig", str(tmp_path / "kc"),
+        [sys.executable, "-m", "asrpool_harness.localcluster", "--kubeconfig", str(tmp_path / "kc"),
          "--bin-dir", str(bin_dir), "--workdir", str(tmp_path / "state")],
         capture_output=True, text=True, timeout=120, check=False, start_new_session=True)
 

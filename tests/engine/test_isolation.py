@@ -3,7 +3,7 @@
 Sixteen slots see random joins, pauses, resets, leaves and re-joins for longer than
 twice the rolling caches' context; every session must get bit-for-bit the tokens,
 words, times and extra-head probabilities it gets alone in the same engine. The check
-itself lives in ``asrpool.bench.isolation`` so that ``bench/gpu-check`` runs the same
+itself lives in ``asrpool_harness.bench.isolation`` so that ``bench/gpu-check`` runs the same
 one on CUDA.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from asrpool.bench import isolation
 from asrpool.server import engine, models
+from asrpool_harness.bench import isolation
 
 BATCH = 16
 STEPS = 120

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asrpool.bench import padding
+from asrpool_harness.bench import padding
 
 
 def test_only_the_first_steps_codes_can_differ(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import socket
 import time
 
-from asrpool.bench import attacks
 from asrpool.common import limits, processes
+from asrpool_harness.bench import attacks
 from tests.hostile import conftest
 from tests.support import servers
 

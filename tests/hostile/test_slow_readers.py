@@ -8,7 +8,7 @@ its slot for as long as it kept sending: the pod's writes waited for ever.
 
 from __future__ import annotations
 
-from asrpool.bench import attacks
+from asrpool_harness.bench import attacks
 from tests.hostile import conftest
 from tests.router import support
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from asrpool.localcluster import realnodes
+from asrpool_harness.localcluster import realnodes
 from tests.nodes import hoststate
 from tests.nodes.clusters import NodeCluster
 from tests.support import imagebuilds, processes

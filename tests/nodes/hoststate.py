@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from asrpool.localcluster import realnodes
+from asrpool_harness.localcluster import realnodes
 
 Snapshot = dict[str, str]
 COMMANDS = {

@@ -24,8 +24,8 @@ import pytest
 import redis
 
 from asrpool.common import protocol, redis_acl, redis_clients, registry
-from asrpool.localcluster import netns
 from asrpool.operator import naming, sources
+from asrpool_harness.localcluster import netns
 from tests.nodes.clusters import NodeCluster
 from tests.support import hubs, kyutai_client, redis_servers, streams
 from tests.support.polling import eventually

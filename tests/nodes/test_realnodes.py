@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asrpool.localcluster import controlplane, netns, realnodes
+from asrpool_harness.localcluster import controlplane, netns, realnodes
 from tests.nodes import clusters
 from tests.nodes.clusters import SERVE, NodeCluster
 

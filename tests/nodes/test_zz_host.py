@@ -50,7 +50,7 @@ def test_a_node_that_never_gets_ready_shows_its_kubelets_last_lines_and_cleans_u
     (fake / "kubelet").chmod(0o755)
     before = hoststate.take()
     result = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "python"), "-m", "asrpool.localcluster",
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "asrpool_harness.localcluster",
          "--bin-dir", str(fake), "--kubeconfig", str(tmp_path / "kubeconfig"),
          "--real-nodes", "1", "--ready-timeout", "15", "--workdir", str(tmp_path / "state"),
          "--pause-archive", archives[0]],

@@ -9,7 +9,7 @@ it (``envFrom`` the ConfigMap, the downward API, ``$(VAR)`` expansion). Each pod
 its own loopback address as its IP, so every pod listens on port 8080 as in a cluster;
 ``ASRPOOL_HOST`` is set to that address (inside a pod, 0.0.0.0 means the pod's own).
 The environment is resolved by the same code as the local node agent's
-(:mod:`asrpool.localcluster.podspecs`); the real control-plane tests use that agent.
+(:mod:`asrpool_harness.localcluster.podspecs`); the real control-plane tests use that agent.
 Readiness comes from each pod's ``/readyz``.
 """
 
@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asrpool.localcluster import podspecs
 from asrpool.operator import kube, naming
+from asrpool_harness.localcluster import podspecs
 from tests.operator import emulator
 
 HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR")

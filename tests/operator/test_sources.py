@@ -10,9 +10,9 @@ import kubernetes_validate
 import pytest
 
 from asrpool.common import weights
-from asrpool.localcluster import podspecs
 from asrpool.operator import children, naming, pools, settings, sources, specs
 from asrpool.server import settings as server_settings
+from asrpool_harness.localcluster import podspecs
 from tests.support.environs import Environ
 
 CONFIG = settings.OperatorSettings(namespaces=["speech"], redis_url="redis://redis:6379/0",

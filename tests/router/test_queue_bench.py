@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asrpool.bench import queue as bench_queue
+from asrpool_harness.bench import queue as bench_queue
 
 
 def test_bench_queue_keeps_the_order_and_writes_json(tmp_path: Path) -> None:

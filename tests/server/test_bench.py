@@ -91,7 +91,7 @@ def test_bench_server_runs_a_pod_with_its_engine_in_a_child_process(tmp_path: Pa
 
 
 def test_bench_gil_times_the_engine_both_ways_under_a_busy_loop(tmp_path: Path) -> None:
-    from asrpool.bench import gil
+    from asrpool_harness.bench import gil
 
     default = sys.getswitchinterval()
     assert gil.main(["--model", "tiny", "--batch", "2", "--steps", "2", "--rounds", "1",
@@ -110,7 +110,7 @@ def test_bench_gil_times_the_engine_both_ways_under_a_busy_loop(tmp_path: Path) 
 
 def test_bench_gil_refuses_a_loop_busy_all_the_time_and_no_switch_interval(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from asrpool.bench import gil
+    from asrpool_harness.bench import gil
 
     with pytest.raises(SystemExit) as exit_info:
         gil.main(["--busy", "0,1"])

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from asrpool.bench import hostwork
 from asrpool.common import processes
+from asrpool_harness.bench import hostwork
 
 
 def _worktrees() -> set[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asrpool.bench import soak
+from asrpool_harness.bench import soak
 
 
 def test_bench_soak_writes_json_and_leaks_nothing(tmp_path: Path) -> None:

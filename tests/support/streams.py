@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from asrpool.bench import isolation
+from asrpool.bench import synthetic
 
 FRAME_SIZE = 1920
 
 
 def random_speechlike(seconds: float, seed: int) -> np.ndarray:
     """Noise shaped by a random syllable-rate envelope plus a wandering tone."""
-    return isolation.speechlike(seconds, seed)
+    return synthetic.speechlike(seconds, seed)
 
 
 def frames_of(pcm: np.ndarray) -> list[np.ndarray]:

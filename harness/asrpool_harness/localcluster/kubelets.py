@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from asrpool.localcluster import netns
+from asrpool_harness.localcluster import netns
 
 CLUSTER_DOMAIN = "cluster.local"
 

@@ -135,7 +135,7 @@ class Stack:
                              "--workers", "1", "--new-streams-per-second", "0",
                              "--no-members-required",  # its backend only heartbeats
                              *self.router_args])
-        self._run("floor", [sys.executable, "-m", "asrpool.bench.floor_relay",
+        self._run("floor", [sys.executable, "-m", "asrpool_harness.bench.floor_relay",
                             str(self.ports["floor"]), str(self.ports["backend"])])
 
     def _run(self, name: str, argv: list[str]) -> None:

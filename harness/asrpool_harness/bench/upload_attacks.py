@@ -31,8 +31,9 @@ import msgpack
 import websockets
 from websockets.asyncio import client as ws_client
 
-from asrpool.bench import attacks, oggfiles
+from asrpool.bench import oggfiles
 from asrpool.common import oggopus, protocol
+from asrpool_harness.bench import attacks
 
 _WAV_RATE = 8_000  # abandoned uploads: small files of long audio (the pod resamples)
 

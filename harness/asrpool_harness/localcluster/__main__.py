@@ -1,4 +1,4 @@
-"""``python -m asrpool.localcluster --kubeconfig FILE [--nodes N] [--gpus-per-node G]``
+"""``python -m asrpool_harness.localcluster --kubeconfig FILE [--nodes N] [--gpus-per-node G]``
 or ``... --real-nodes N [--images ARCHIVE_OR_DIR_OR_NAME...]``.
 
 Starts the control plane and the node agent (or N real nodes: :mod:`realnodes`), writes
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from asrpool.common import processes
-from asrpool.localcluster import agent, controlplane, imagecache, images, nodes, realnodes
+from asrpool_harness.localcluster import agent, controlplane, imagecache, images, nodes, realnodes
 
 READY_TIMEOUT = 120.0
 REAL_READY_TIMEOUT = 180.0

@@ -37,7 +37,7 @@ from typing import Any
 import kubernetes
 
 from asrpool.common import processes
-from asrpool.localcluster import nodes, podspecs, volumes
+from asrpool_harness.localcluster import nodes, podspecs, volumes
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from asrpool.bench import parity_configs, parity_weights
 from asrpool.client import local
 from asrpool.common import auth, processes, protocol
+from asrpool_harness.bench import parity_configs, parity_weights
 
 PINNED_VERSION = "0.6.4"  # the newest on crates.io, kyutai-labs/moshi's HEAD
 MOSHI_SERVER, POD, ROUTER = "moshi-server", "asrpool pod", "router"

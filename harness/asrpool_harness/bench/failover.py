@@ -5,7 +5,7 @@
 
 The platform on loopback with its Redis run by Sentinel (a primary, two replicas, three
 sentinels of quorum two that promote a replica a second after the primary stops
-answering: ``asrpool.common.redis_servers``), ``--pods`` ``tiny`` pods of ``--slots``
+answering: ``asrpool_harness.redis_servers``), ``--pods`` ``tiny`` pods of ``--slots``
 slots each, listed as members, and one router (``pack``). ``--streams`` clients stream
 noise at real time for ``--seconds``, then a marker (those of ``bench nocuts``); beside
 them a new stream is opened every ``--churn-interval`` seconds and closed as soon as it
@@ -54,10 +54,11 @@ import redis.asyncio as aioredis
 import websockets
 from websockets.asyncio import client as ws_client
 
-from asrpool.bench import nocuts, reports
+from asrpool.bench import reports
 from asrpool.common import processes, protocol, redis_clients, registry
-from asrpool.common.redis_servers import SENTINEL_SERVICE, RedisSentinelServers
 from asrpool.router import keys
+from asrpool_harness.bench import nocuts
+from asrpool_harness.redis_servers import SENTINEL_SERVICE, RedisSentinelServers
 
 HOST = "127.0.0.1"
 POOL = registry.DEFAULT_POOL
@@ -238,8 +239,8 @@ class Registry:
 
     async def _watch_sentinels(self) -> None:
         """Once the primary is killed, when the first sentinel names another."""
-        sentinels = [aioredis.Redis(host=HOST, port=port, socket_timeout=REDIS_TIMEOUT_S,
-                                    decode_responses=True)
+        sentinels = [redis_clients.connect(f"redis://{HOST}:{port}", REDIS_TIMEOUT_S,
+                                           decode_responses=True)
                      for port in self.platform.redis.sentinel_ports]
         try:
             while not self.stop.is_set() and self.promoted_at is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from asrpool.common import processes
-from asrpool.localcluster import certs
+from asrpool_harness.localcluster import certs
 
 STOP_TIMEOUT = 10.0
 START_TIMEOUT = 120.0

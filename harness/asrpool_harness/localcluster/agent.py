@@ -16,7 +16,7 @@ from typing import Any
 
 import kubernetes
 
-from asrpool.localcluster import controlplane, nodes, pods
+from asrpool_harness.localcluster import controlplane, nodes, pods
 
 log = logging.getLogger(__name__)
 

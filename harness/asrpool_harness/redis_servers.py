@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from asrpool.common import processes
+from asrpool.common import processes, redis_clients
 from asrpool.common.processes import free_port
 
 
@@ -31,7 +31,8 @@ class RedisServer:
     def start(self, extra: list[str] | None = None) -> None:
         args = processes.redis_server_argv(self.port, self.workdir, password=self.password)
         args += extra or []
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = processes.spawn(f"redis-server on {self.port}", args,
+                                       self.workdir / f"redis-{self.port}.log").process
         self._wait_until_up()
 
     def _wait_until_up(self, timeout: float = 10.0) -> None:
@@ -56,7 +57,8 @@ class RedisServer:
             self.process = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, password=self.password, decode_responses=True)
+        return redis_clients.connect_sync(self.url, 5.0, password=self.password,
+                                          decode_responses=True)
 
 
 SENTINEL_SERVICE = "asrpool"
@@ -92,13 +94,14 @@ class RedisSentinelServers:
                 f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {first.port} 2\n"
                 f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
                 f"sentinel failover-timeout {SENTINEL_SERVICE} 5000\n")
-            self.sentinels.append(subprocess.Popen(
-                [processes.redis_server_argv(port, self.workdir)[0], str(config), "--sentinel"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            argv = [processes.redis_server_argv(port, self.workdir)[0], str(config), "--sentinel"]
+            self.sentinels.append(processes.spawn(f"sentinel on {port}", argv,
+                                                  self.workdir / f"sentinel-{port}.log").process)
         processes.wait_until(self._known, 30, "the sentinels to know every server", period=0.1)
 
     def _sentinel(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, decode_responses=True, socket_timeout=1.0)
+        return redis_clients.connect_sync(f"redis://127.0.0.1:{port}", 1.0,
+                                          decode_responses=True)
 
     def _known(self) -> bool:
         for port in self.sentinel_ports:

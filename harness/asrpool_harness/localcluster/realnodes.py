@@ -28,7 +28,7 @@ from concurrent import futures
 from pathlib import Path
 
 from asrpool.common import processes
-from asrpool.localcluster import (
+from asrpool_harness.localcluster import (
     cgroups,
     clusterdns,
     cni,
@@ -128,7 +128,7 @@ def _owner_alive(cluster: str) -> bool:
         cmdline = Path(f"/proc/{int(cluster, 16)}/cmdline").read_bytes()
     except (ValueError, OSError):
         return False
-    return b"asrpool.localcluster" in cmdline
+    return b"asrpool_harness.localcluster" in cmdline
 
 
 def clean(cluster: str) -> list[str]:

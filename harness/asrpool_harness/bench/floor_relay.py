@@ -1,6 +1,6 @@
 """The least a Python byte relay can do, for ``asrpool bench router --baseline nginx``.
 
-    python -m asrpool.bench.floor_relay PORT BACKEND_PORT
+    python -m asrpool_harness.bench.floor_relay PORT BACKEND_PORT
 
 Each accepted connection gets one to the backend; every read from either side is
 written to the other as is (handshake included), on uvloop. No admission, framing,

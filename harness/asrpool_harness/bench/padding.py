@@ -29,7 +29,7 @@ from moshi.modules import conv
 from numpy.typing import NDArray
 
 from asrpool.bench import devices
-from asrpool.bench.isolation import speechlike
+from asrpool.bench.synthetic import speechlike
 from asrpool.common import protocol
 from asrpool.server import engine
 

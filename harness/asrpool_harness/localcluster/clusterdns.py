@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asrpool.common import processes
-from asrpool.localcluster import controlplane, kubelets
+from asrpool_harness.localcluster import controlplane, kubelets
 
 START_TIMEOUT = 60.0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from asrpool.common import processes
-from asrpool.localcluster import cni
+from asrpool_harness.localcluster import cni
 
 # tools/images/build pause: its tag is the one Kubernetes' build/pause/Makefile gives.
 PAUSE_IMAGE = "localhost/asrpool/pause:3.10.1"

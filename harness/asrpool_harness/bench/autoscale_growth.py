@@ -7,7 +7,7 @@ want a stream at once; a new pod serves only ``load_seconds`` after the pass tha
 for it (the model load); every unserved client counts as waiting or refused at each
 pass. Writes the passes and seconds until every client is served to JSON.
 
-    python -m asrpool.bench.autoscale_growth --out bench/results/autoscale-growth.json
+    python -m asrpool_harness.bench.autoscale_growth --out bench/results/autoscale-growth.json
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asrpool.localcluster import netns
+from asrpool_harness.localcluster import netns
 
 PLUGINS_DIR = Path("/usr/lib/cni")
 PLUGINS = ("bridge", "host-local", "loopback")

@@ -8,7 +8,7 @@ settings) runs on loopback. Each attack runs against the pod directly and then t
 the router, while a neighbour on the same pod sends 80 ms of audio every 80 ms through
 the router; its latency is the time from sending a frame to receiving that frame's
 ``Step`` (queueing, the model step and the relay; the same in every phase, so compare
-with the ``baseline`` phase). Attacks (``bench/attacks.py``):
+with the ``baseline`` phase). Attacks (``harness/asrpool_harness/bench/attacks.py``):
 
 - ``non_reader``: clients with the smallest receive buffer that send audio as fast as
   they can and read nothing (cut by the send deadline);
@@ -28,8 +28,8 @@ with the ``baseline`` phase). Attacks (``bench/attacks.py``):
   connection after another: each frame the pod's decoder refuses must end its stream
   with an ``Error`` (``unrefused`` counts those that did not);
 - ``upload_bomb``, ``opus_bomb``, ``abandoned_upload``, ``slow_body``: a little input
-  that would cost a lot (``bench/upload_attacks.py``): Opus declaring hours, posted or
-  in one websocket message; uploads whose clients leave; bodies that stall or trickle.
+  that would cost a lot (``upload_attacks``): Opus declaring hours, posted or in one
+  websocket message; uploads whose clients leave; bodies that stall or trickle.
 
 Every phase also reports how far the pod's and the router's resident memory rose above
 where the phase began (``memory_growth_mib``, sampled every 100 ms).
@@ -65,10 +65,11 @@ import numpy as np
 import websockets
 from websockets.asyncio import client as ws_client
 
-from asrpool.bench import attacks, stats, upload_attacks
+from asrpool.bench import stats
 from asrpool.client import local
 from asrpool.common import processes, protocol, redis_clients
 from asrpool.router import frames, keys
+from asrpool_harness.bench import attacks, upload_attacks
 
 FRAME_S = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
 ATTACKS = ("non_reader", "header_flood", "query_flood", "half_open", "tiny_frames", "markers",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from asrpool.localcluster import podspecs
+from asrpool_harness.localcluster import podspecs
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # (audience, expiration seconds) -> a token for the pod's service account, bound to it.

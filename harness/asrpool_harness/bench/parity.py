@@ -4,7 +4,7 @@ Builds (once, cached) Kyutai's ``moshi-server`` at a pinned version, writes one 
 random checkpoint (the ``small`` preset's real Mimi, which moshi-server hard-codes, and
 its LM over Mimi's first 4 codebooks: ``parity_weights``) in both weight-name layouts,
 then runs the same
-catalogue of client behaviours (:mod:`asrpool.bench.parity_cases`) against
+catalogue of client behaviours (:mod:`asrpool_harness.bench.parity_cases`) against
 moshi-server, an asrpool pod and a router in front of a pod, one server at a time.
 Writes ``bench/results/parity.json`` (each behaviour's answers side by side, and a
 verdict: ``same``, or ``differs`` with its documented reason) and the table of
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asrpool.bench import (
+from asrpool_harness.bench import (
     parity_cases,
     parity_padding,
     parity_reports,

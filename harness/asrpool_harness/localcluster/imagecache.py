@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asrpool.common import processes
-from asrpool.localcluster.images import Image
+from asrpool_harness.localcluster.images import Image
 
 KEEP = 2  # seeds kept: the newest (one holds the server image: some 12 GB)
 DATABASE_SUFFIX = ".db"

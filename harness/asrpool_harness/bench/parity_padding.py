@@ -17,9 +17,9 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from asrpool.bench import padding, parity_cases, parity_weights
 from asrpool.server import engine, models, transcribing
 from asrpool.server import events as ev
+from asrpool_harness.bench import padding, parity_cases, parity_weights
 
 CASES = {"file client": parity_cases.file_client_messages,
          "speech first": parity_cases.speech_first_messages}

@@ -35,7 +35,7 @@ from typing import Any
 from asrpool.bench import reports
 from asrpool.common import processes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]  # harness/asrpool_harness/bench/: the checkout
 # Package name -> folder of the checkout (pyproject's package-dir).
 _LAYOUT = {"server": "server", "router": "router", "operator": "operator", "bench": "bench",
            "plan": "plan"}

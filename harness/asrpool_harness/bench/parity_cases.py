@@ -3,7 +3,7 @@
 Each case is a real websocket client (``websockets``) or HTTP request speaking Kyutai's
 protocol, and returns the server's answer as a dict of plain values: what a client
 could see and depend on (message types and fields, bytes, close codes, HTTP status and
-body). :mod:`asrpool.bench.parity_reports` compares the answers field by field.
+body). :mod:`asrpool_harness.bench.parity_reports` compares the answers field by field.
 
 Audio is speech-like noise quantised to 16 bits, so that the WAV posted and the floats
 streamed are the same samples. Clients send as fast as the server reads (both servers
@@ -32,9 +32,9 @@ from numpy.typing import NDArray
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from asrpool.bench import isolation
-from asrpool.bench.parity_servers import Target
+from asrpool.bench import synthetic
 from asrpool.common import audio, protocol
+from asrpool_harness.bench.parity_servers import Target
 
 FRAME = protocol.FRAME_SIZE
 SECOND = protocol.SAMPLE_RATE
@@ -50,7 +50,7 @@ Frame = bytes | str  # a binary frame, or a text frame
 
 def speech(seconds: float = SPEECH_SECONDS, seed: int = 5) -> NDArray[np.float32]:
     """Speech-like audio at 16 bits (as a WAV holds it), as float32."""
-    samples = isolation.speechlike(seconds, seed)
+    samples = synthetic.speechlike(seconds, seed)
     quantised = np.clip(np.round(samples * INT16_SCALE), -INT16_SCALE, INT16_SCALE - 1)
     pcm: NDArray[np.float32] = (quantised / INT16_SCALE).astype(np.float32)
     return pcm

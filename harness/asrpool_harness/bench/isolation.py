@@ -28,24 +28,13 @@ import torch
 from numpy.typing import NDArray
 
 from asrpool.bench import devices
+from asrpool.bench.synthetic import speechlike
 from asrpool.common import protocol
 from asrpool.server import engine, models
 
 FRAME_SIZE = protocol.FRAME_SIZE
 SAMPLE_RATE = protocol.SAMPLE_RATE
 Plan = list[list[tuple[str, int]]]  # per step: ('join'|'reset'|'leave'|'frame', slot)
-
-
-def speechlike(seconds: float, seed: int) -> NDArray[np.float32]:
-    """Noise shaped by a random syllable-rate envelope plus a wandering tone (24 kHz)."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * SAMPLE_RATE) // FRAME_SIZE * FRAME_SIZE
-    t = np.arange(n) / SAMPLE_RATE
-    envelope = np.abs(np.sin(2 * np.pi * rng.uniform(2, 5) * t + rng.uniform(0, 6)))
-    tone = np.sin(2 * np.pi * np.cumsum(rng.uniform(100, 400, n)) / SAMPLE_RATE)
-    samples = 0.2 * envelope * (0.5 * rng.standard_normal(n) + tone)
-    pcm: NDArray[np.float32] = samples.astype(np.float32)
-    return pcm
 
 
 @dataclasses.dataclass
