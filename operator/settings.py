@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import pydantic
 import pydantic_settings
 
-from asrpool.common import redis_clients
+from asrpool.common import logs, redis_clients
 
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1123 label
 SERVER_PORT = 8080  # the port every server pod listens on (the pod contract)
@@ -24,7 +24,7 @@ DEFAULT_ROUTER_PEER: dict[str, Any] = {
 }
 
 
-class OperatorSettings(redis_clients.RedisCredentials):
+class OperatorSettings(redis_clients.RedisSettings, logs.LogSettings):
     # Where the operator watches: the listed namespaces, or every namespace (both are
     # the command's own flags: -n/--namespace, repeatable, and -A/--all-namespaces).
     namespaces: Annotated[list[str], pydantic_settings.NoDecode] = pydantic.Field(
@@ -34,9 +34,8 @@ class OperatorSettings(redis_clients.RedisCredentials):
 
     # Redis as the operator reads it (live slot use) and as server pods reach it.
     redis_url: str = pydantic.Field(
-        default="redis://127.0.0.1:6379/0", description="Redis the pods heartbeat to"
-        " (redis+cluster://host:port for a Redis Cluster, naming any node;"
-        " redis+sentinel://s1:26379,s2:26379/service/db for Sentinel)")
+        default="redis://127.0.0.1:6379/0",
+        description=f"Redis the pods heartbeat to ({redis_clients.URL_FORMS})")
     pod_redis_url: str | None = pydantic.Field(
         default=None, description="Redis URL as the server pods reach it, if not --redis-url"
         " (no password in it)")
@@ -54,11 +53,6 @@ class OperatorSettings(redis_clients.RedisCredentials):
     # (ASRPOOL_REDIS_PASSWORD_SEED). None: the pods share redis_password_secret, if any.
     redis_password_seed: pydantic.SecretStr | None = pydantic.Field(
         default=None, description="seed of each pool namespace's own Redis user's password")
-    # Each Redis call waits at most this long: a Redis that stops answering never holds
-    # a pool's pass (and its lock) for longer.
-    redis_timeout_seconds: float = pydantic.Field(
-        default=2.0, gt=0, description="longest wait for one Redis call")
-
     default_image: str = pydantic.Field(
         default=DEFAULT_IMAGE, description="server image for pools that name none")
     resync_seconds: float = pydantic.Field(
@@ -110,7 +104,6 @@ class OperatorSettings(redis_clients.RedisCredentials):
     priority: int | None = pydantic.Field(
         default=None, ge=0, description="this replica's peering priority (default: a random"
         " one)")
-    log_level: str = pydantic.Field(default="info", description="debug, info, warning, error")
 
     @pydantic.field_validator("namespaces", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pydantic
 
-from asrpool.common import auth, limits, redis_clients, registry, seeds
+from asrpool.common import auth, limits, logs, redis_clients, registry, seeds
 from asrpool.router import forwarding, policies
 
 
@@ -23,13 +23,11 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
+class RouterSettings(redis_clients.RedisSettings, logs.LogSettings, limits.LimitSettings,
                      limits.StreamSettings):
     redis_url: str = pydantic.Field(
         default="redis://127.0.0.1:6379/0",
-        description="Redis of the slot registry (redis://host:port/db, or for a Redis Cluster"
-        " redis+cluster://host:port naming any node, for Sentinel"
-        " redis+sentinel://s1:26379,s2:26379/service/db; no password in it)")
+        description=f"Redis of the slot registry ({redis_clients.URL_FORMS})")
     host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
     port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
     policy: policies.Policy = pydantic.Field(
@@ -75,9 +73,6 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     # (keep resume_grace_seconds at least the pods' --resume-grace-seconds).
     session_lease_ms: int = pydantic.Field(
         default=3000, ge=100, description="lease of a session record, renewed every third")
-    resume_grace_seconds: float = pydantic.Field(
-        default=30.0, gt=0,
-        description="how long a dropped client may resume (at least the pods')")
     # SIGTERM (router.draining): readiness 503 and new streams refused at once; open
     # streams relay on for this long, then each is told the drain Error and closed 1012
     # (resumable on another router with its token).
@@ -106,8 +101,6 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     pod_attempts: int = pydantic.Field(
         default=3, ge=1, description="pods tried for one stream before it is refused")
     # Message sizes and client liveness: limits.StreamSettings.
-    redis_timeout_seconds: float = pydantic.Field(
-        default=0.5, gt=0, description="longest wait for one Redis call")
     # What a connection may cost: limits.LimitSettings (the relay applies the send
     # deadline too, and releases the session).
     max_connections: limits.MaxConnections = 16384
@@ -137,7 +130,6 @@ class RouterSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=None, ge=0, description="dollars per GPU-hour: /api/pools and /metrics show"
         " the cost")
     gpus_per_pod: float = pydantic.Field(default=1.0, ge=0, description="GPUs of one server pod")
-    log_level: str = pydantic.Field(default="info", description="uvicorn log level")
 
     def asks_no_key(self) -> bool:
         """No API key file: anyone who reaches the router may stream."""

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import pydantic
 
-from asrpool.common import dtypes, limits, protocol, redis_clients, registry
+from asrpool.common import dtypes, limits, logs, protocol, redis_clients, registry
 from asrpool.server import decoding
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
@@ -36,7 +36,7 @@ def _slots_or_auto(value: object) -> int | Literal["auto"]:
 SlotsOrAuto = Annotated[int | Literal["auto"], pydantic.PlainValidator(_slots_or_auto)]
 
 
-class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
+class ServerSettings(redis_clients.RedisSettings, logs.LogSettings, limits.LimitSettings,
                      limits.StreamSettings):
     # The model and its engine.
     model: str = pydantic.Field(
@@ -77,12 +77,8 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
     host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
     port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
     redis_url: str | None = pydantic.Field(
-        default=None, description="heartbeat into this Redis, the slot registry (redis+cluster://"
-        " for a Redis Cluster, redis+sentinel://s1:26379,s2:26379/service/db for Sentinel; no"
-        " password in it: ASRPOOL_REDIS_PASSWORD or"
-        " --redis-password-file)")
-    redis_timeout_seconds: float = pydantic.Field(
-        default=0.5, gt=0, description="longest wait for one Redis call")
+        default=None, description="heartbeat into this Redis, the slot registry (none: a pod"
+        f" alone; {redis_clients.URL_FORMS})")
     pool: str = pydantic.Field(
         default=registry.DEFAULT_POOL, description="pool name (the operator sets NAMESPACE/NAME)")
     pod_id: str = pydantic.Field(
@@ -115,9 +111,6 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         default=10.0, gt=0, description="per-slot audio cap (backpressure)")
     # Message sizes and client liveness: limits.StreamSettings. As moshi-server, a
     # client is idle after 120 s without a binary message.
-    resume_grace_seconds: float = pydantic.Field(
-        default=30.0, ge=0, description="keep a dropped stream's slot this long for a resume"
-        " (0: no resume)")
     max_pending_messages: int = pydantic.Field(
         default=10_000, ge=16, description="results of one stream waiting to be sent at most")
     # One client cannot stall its neighbours (asrpool.server.budgets): messages per
@@ -195,8 +188,6 @@ class ServerSettings(redis_clients.RedisCredentials, limits.LimitSettings,
         description="address space of the child process decoding one upload (else 413)")
     decode_timeout_seconds: float = pydantic.Field(
         default=120.0, gt=0, description="longest decode of one upload (else 413)")
-
-    log_level: str = pydantic.Field(default="info", description="debug | info | warning | error")
 
     @property
     def address(self) -> str:

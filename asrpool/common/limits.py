@@ -144,6 +144,11 @@ class StreamSettings(pydantic.BaseModel):
         default=10.0, gt=0, description="websocket ping period towards clients")
     ping_timeout_seconds: float = pydantic.Field(
         default=10.0, gt=0, description="drop a client not answering a ping within this")
+    # A pod keeps a dropped stream's slot this long; a router, the stream's record (keep
+    # a router's at least its pods').
+    resume_grace_seconds: float = pydantic.Field(
+        default=30.0, ge=0, description="how long a dropped stream waits for its client to"
+        " resume (0: no resume; a router's at least its pods')")
 
     @property
     def body_pace(self) -> bodies.Pace:

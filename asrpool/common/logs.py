@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import logging
 
+import pydantic
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LogSettings(pydantic.BaseModel):
+    """Every long-running command's logging."""
+
+    log_level: str = pydantic.Field(default="info", description="debug | info | warning | error")
 
 
 def configure(level: str | int) -> None:

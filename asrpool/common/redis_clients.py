@@ -86,6 +86,20 @@ class RedisCredentials(environment.Settings):
         return text.rstrip("\r\n")
 
 
+# Every part's ``redis_url`` takes these forms (a pod's may be absent: no registry).
+URL_FORMS = ("redis://host:port/db, or for a Redis Cluster redis+cluster://host:port naming"
+             " any node, for Sentinel redis+sentinel://s1:26379,s2:26379/service/db; no"
+             " password in it: ASRPOOL_REDIS_PASSWORD or --redis-password-file")
+
+
+class RedisSettings(RedisCredentials):
+    """Every command's Redis settings but its URL (whose default and meaning are each
+    command's): the password, and how long one call may take."""
+
+    redis_timeout_seconds: float = pydantic.Field(
+        default=0.5, gt=0, description="longest wait for one Redis call")
+
+
 def connect(url: str, timeout_seconds: float, *, password: str | None = None,
             decode_responses: bool = False) -> aioredis.Redis:
     """A client of the Redis (or, for a ``redis+cluster://`` URL, the Redis Cluster) at
