@@ -28,6 +28,7 @@ other side's socket stops being read until it drains. Nothing else is buffered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 from typing import Any
 
@@ -42,6 +43,8 @@ CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicor
 ERROR_TYPE = b"\xa4type\xa5Error"
 SHED_CLOSES = {str(protocol.ErrorCode.DRAINING): protocol.CloseCode.RESTART,
                str(protocol.ErrorCode.OVERLOADED): protocol.CloseCode.TRY_AGAIN}
+# Markers remembered for a move, at most (a pod keeps fewer waiting: --max-pending-markers).
+MAX_MARKERS = 1024
 PAD_LIMIT_BYTES = 1 << 20  # the most filler sent to finish a cut frame
 
 
@@ -106,6 +109,10 @@ class Relay:
         self.samples = 0  # of audio the client sent: the stream's clock (router.retiming)
         self.messages_before = 0  # sent to the client before this connection (a resume's)
         self.up.peek = self._peek
+        # Markers the client sent that no pod has answered yet (by id, oldest first): a
+        # moved stream's new pod is sent them again, so that none is lost.
+        self.markers: collections.deque[int] = collections.deque(maxlen=MAX_MARKERS)
+        self.down.peek = self._peek_pod
         self.moved: retiming.PodFrames | None = None  # a moved stream's new pod's flow
         self.moved_at = 0  # a moved stream's samples before its current pod
         self.cut_short = 0  # bytes of a client frame the lost pod got part of, to drop
@@ -169,6 +176,9 @@ class Relay:
         self.ended = self.loop.create_future()
         self._join(link)
         link.attach(self.from_pod)
+        for mid in self.markers:  # at a frame boundary: nothing was written to it yet
+            marker = protocol.encode({"type": "Marker", "id": mid})
+            link.write(frames.frame(frames.BINARY, marker, os.urandom(4)))
         self._schedule_ping()
         self.read_client(True)  # held back meanwhile: the lost pod's pause is no more
         return await self._until_ended(pod_gone)
@@ -219,7 +229,15 @@ class Relay:
             self.close_client(protocol.CloseCode.PROTOCOL_ERROR, "invalid frame")
 
     def _peek(self, data: bytes, start: int) -> None:
-        self.samples += retiming.audio_samples(data, start)
+        samples = retiming.audio_samples(data, start)
+        if samples:
+            self.samples += samples
+        elif (mid := retiming.marker_id(data, start)) is not None:
+            self.markers.append(mid)
+
+    def _peek_pod(self, data: bytes, start: int) -> None:
+        if self.markers and data.startswith(retiming.MARKER_REPLY, start):
+            self.markers.popleft()
 
     def _refuse_through_pod(self, refusal: refusals.Refusal, fragmented: bool) -> None:
         """A client message refused from a frame's header (that frame does not reach the
@@ -315,6 +333,8 @@ class Relay:
                 self.end(proxying.PodShed(frames.frame(frames.BINARY, payload), *shed))
                 return  # it moves again
             if opcode == frames.BINARY:
+                if self.markers and payload.startswith(retiming.MARKER_REPLY):
+                    self.markers.popleft()
                 message = retiming.retimed(payload, self.moved_at)
                 self.client.write(frames.frame(frames.BINARY, message))
                 self.down.messages += 1

@@ -20,6 +20,8 @@ from asrpool.common import framing, protocol
 from asrpool.router import frames
 
 PCM_KEY = b"\xa3pcm"  # msgpack: the key "pcm"
+# A pod's Marker, as its first bytes (msgpack: {"type": "Marker", "id": N}).
+MARKER_REPLY = b"\x82\xa4type\xa6Marker"
 PEEK_BYTES = 48  # of a message's payload: enough for its type and its array's header
 _ARRAYS = {0xDC: ">H", 0xDD: ">I"}
 _TAKEN = frozenset({frames.BINARY, frames.CLOSE, frames.PING, frames.PONG})
@@ -37,6 +39,27 @@ def audio_samples(data: bytes, start: int) -> int:
     if at < 0 or b"Audio" not in plain:
         return 0
     return _array_length(plain, at + len(PCM_KEY))
+
+
+def marker_id(data: bytes, start: int) -> int | None:
+    """The id of the client ``Marker`` whose masked payload starts at ``start`` in
+    ``data``, or None for any other message or one not whole in its first bytes."""
+    head = data[start:start + PEEK_BYTES]
+    if len(head) < 8 or start < 4:
+        return None
+    plain = frames.unmask(head, data[start - 4:start])
+    if b"Marker" not in plain:
+        return None
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(plain)  # what follows the message is the next frame's: never read
+    try:
+        message = next(unpacker)
+    except (StopIteration, ValueError, msgpack.UnpackException):
+        return None
+    if not isinstance(message, dict) or message.get("type") != "Marker":
+        return None
+    mid = message.get("id")
+    return mid if isinstance(mid, int) and not isinstance(mid, bool) else None
 
 
 def _array_length(data: bytes, pos: int) -> int:

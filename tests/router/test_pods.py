@@ -216,6 +216,31 @@ async def test_a_stream_past_its_pods_drain_grace_moves_to_another_pod(
         assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="moved"}') == 1
 
 
+async def test_a_marker_its_lost_pod_had_not_answered_comes_back_from_the_next(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A marker sent just before its pod is SIGKILLed: the new pod is sent it again, and
+    the client gets it back (a client waiting for its marker would wait for ever)."""
+    a = support.pod(redis_server.url, tmp_path, "a-pod", slots=1)
+    b = support.pod(redis_server.url, tmp_path, "b-pod", slots=1)
+    router = support.router(redis_server.url, tmp_path)
+    with running(a, b, router):
+        wait_for_pods(router, 2)
+        opened = await support.connect(router.ws_url)
+        assert (await support.first_message(opened.ws))["type"] == "Ready"
+        pcm = audio(12, seconds=2.0)
+        await kyutai_client.send_paced(opened.ws, support.messages(pcm)[:-4], realtime=1.0)
+        await opened.ws.send(kyutai_client.pack({"type": "Marker", "id": 5}))
+        (a if a.modules_info()["used_slots"] else b).signal(signal.SIGKILL)
+        silence = [{"type": "Audio", "pcm": np.zeros(1920, dtype=np.float32)}] * 40
+        sender = asyncio.create_task(kyutai_client.send_paced(opened.ws, silence, 1.0))
+        got = await kyutai_client.until_marker(opened.ws, 5, timeout=30)
+        await sender
+        await opened.ws.close()
+        assert [m["id"] for m in got if m["type"] == "Marker"] == [5]
+        assert router_metric(router, 'asrpool_router_streams_moved_total{outcome="moved"}') == 1
+
+
 async def test_a_stream_moves_again_when_its_second_pod_drains(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:

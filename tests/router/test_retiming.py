@@ -97,3 +97,25 @@ def test_other_errors_end_the_stream_as_ever(code: str) -> None:
     error = frames.frame(frames.BINARY, protocol.error("no", protocol.ErrorCode(code)))
     assert relaying._shed_at(error) is None
     assert relaying._shed_at(error[:-1]) is None  # not whole: passed on as ever
+
+
+@pytest.mark.parametrize("mid", [0, 7, -3, 2**40])
+def test_a_client_markers_id_is_read_from_its_first_bytes(mid: int) -> None:
+    assert retiming.marker_id(*client_frame({"type": "Marker", "id": mid})) == mid
+
+
+@pytest.mark.parametrize("message", [{"type": "Audio", "pcm": [0.0] * 4}, {"type": "Init"},
+                                     {"type": "Word", "text": "Marker"},
+                                     {"type": "Marker", "id": "seven"},
+                                     {"type": "Marker", "id": True}])
+def test_other_messages_are_no_marker(message: dict[str, object]) -> None:
+    assert retiming.marker_id(*client_frame(message)) is None
+
+
+def test_a_pods_marker_is_known_by_its_first_bytes() -> None:
+    from asrpool.server import events
+
+    reply = protocol.encode(events.to_message(events.Marker(9)))
+    assert reply.startswith(retiming.MARKER_REPLY)
+    word = protocol.encode(events.to_message(events.Word("Marker", 1.0)))
+    assert not word.startswith(retiming.MARKER_REPLY)

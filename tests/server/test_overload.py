@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -171,7 +172,9 @@ async def test_a_pod_whose_engine_is_too_slow_refuses_new_streams_and_recovers(
         async with await kyutai_client.connect(server.ws_url) as again:
             await kyutai_client.expect(again, "Ready")
     log = server.log()
-    assert "overloaded:" in log and "the engine's own step takes 160 ms for 4 slots" in log
+    # The step as measured: the paced 160 ms and whatever a loaded machine adds.
+    took = re.search(r"the engine's own step takes (\d+) ms for 4 slots", log)
+    assert "overloaded:" in log and took is not None and int(took[1]) >= 160, log
     assert "shedding the" not in log and "caught up with real time" in log
 
 
