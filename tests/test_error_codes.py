@@ -16,7 +16,7 @@ from asrpool.common import protocol
 from asrpool.router import refusals
 from asrpool.server import outcomes
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "reference" / "protocol.md"
 
 
 def test_every_code_is_in_the_documented_list_and_no_other() -> None:

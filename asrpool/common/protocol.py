@@ -73,7 +73,7 @@ class CloseCode(enum.IntEnum):
 
 class ErrorCode(enum.StrEnum):
     """The ``code`` of every ``Error`` the pods and routers send: stable machine names
-    that clients branch on (docs/architecture.md lists each; a test holds it to this)."""
+    that clients branch on (docs/reference/protocol.md lists each; a test holds it to this)."""
 
     # A client message the pod refuses.
     MALFORMED = "malformed"  # not MessagePack

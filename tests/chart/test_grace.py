@@ -72,7 +72,7 @@ def test_the_chart_refuses_a_router_grace_shorter_than_the_routers_bound(
 
 
 def test_the_routers_resume_grace_is_never_below_the_server_pods() -> None:
-    """architecture.md: the router's resume_grace_seconds must be at least the pods'."""
+    """docs/internals/router.md: the router's resume_grace_seconds must be at least the pods'."""
     pods = server_settings.ServerSettings.model_fields["resume_grace_seconds"].default
     pool = pools.from_body({"metadata": {"name": "stt", "namespace": "speech"},
                             "spec": {"model": {"name": "tiny"}, "slots": 8}})

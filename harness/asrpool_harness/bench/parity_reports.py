@@ -20,7 +20,7 @@ FAILURE_FIELD = "failed"
 ERRORS_AND_CLOSES = (
     "asrpool sends `Error` with a stable `code` and closes with a status (1008 bad input,"
     " 1009 too large); moshi-server sends no `Error` and drops the TCP connection, no"
-    " close frame. Deliberate: a client learns why (docs/architecture.md, Client protocol)")
+    " close frame. Deliberate: a client learns why (docs/reference/protocol.md)")
 
 PADDING = (
     "first-frame padding: moshi-server zero-pads a stream's first frame in Mimi's"
@@ -33,8 +33,8 @@ PADDING = (
 STEP_COUNTERS = (
     "moshi-server's `step_idx` is one counter of its whole batch and its `buffered_pcm`"
     " the slot's leftover samples; asrpool counts each stream's steps from 1 and all of"
-    " its audio waiting in the pod. No Kyutai client reads either (docs/architecture.md,"
-    " The engine)")
+    " its audio waiting in the pod. No Kyutai client reads either"
+    " (docs/internals/engine.md)")
 BUSY = ("asrpool's `Error` adds `code: busy` (a plain client ignores it) and closes 1013 (try"
         " again); moshi-server closes with a close frame without a status (1005). Deliberate")
 UNAUTHORIZED_BODY = ("asrpool's 401 says `unauthorized` in its body, moshi-server's is empty;"
