@@ -15,9 +15,10 @@ nothing is buffered.
 What a moved stream loses: the new pod starts a fresh model context (a few hundred ms
 of it), and the words of the audio the lost pod had taken but not answered, and the
 audio it had not taken (neither counted in later times). The client's markers that no
-pod had answered are sent to the new pod first (``relaying.Relay.markers``). A stream that cannot move (no pod with room, its key at its limit, the client
-inside a frame the lost pod was sending, Redis unreachable, or moved ``MAX_MOVES``
-times already) ends as before: ``pod_lost``, or the pod's own ``Error`` and close.
+pod had answered are sent to the new pod first (``relaying.Relay.markers``). A stream
+that cannot move (no pod with room, its key at its limit, the client inside a frame
+the lost pod was sending, Redis unreachable, or moved ``MAX_MOVES`` times already)
+ends as before: ``pod_lost``, or the pod's own ``Error`` and close.
 """
 
 from __future__ import annotations
