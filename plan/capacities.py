@@ -3,19 +3,22 @@
 The fields read, and only these: ``"streams_per_gpu"`` (an int above zero, the real-time
 streams one GPU keeps) and ``"model"`` (a string, the model measured). A pod of
 ``gpus_per_pod`` GPUs gets ``streams_per_gpu * gpus_per_pod`` slots. Without a file
-named, the newest ``bench/results/capacity-*.json`` (of ``--model`` when given) is used.
+named, the newest ``capacity-*.json`` (of ``--model`` when given) of the measurements
+that ship with ``asrpool.bench`` (``bench/results/`` of a checkout; the GPU ones in the
+wheel) is used, wherever the command runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
 
 from asrpool.plan import scenarios
 
-RESULTS = Path("bench") / "results"
+RESULTS = Path(str(importlib.resources.files("asrpool.bench") / "results"))
 PATTERN = "capacity-*.json"
 
 

@@ -99,7 +99,7 @@ def _pool_flags(group: argparse._ArgumentGroup) -> None:
                        help="streams per pod (default: from --capacity-from)")
     group.add_argument("--capacity-from", metavar="FILE",
                        help="a bench capacity JSON (streams_per_gpu, model); default: the "
-                       "newest bench/results/capacity-*.json")
+                       "newest measured (bench/results/capacity-*.json, shipped with asrpool)")
     group.add_argument("--model", help="pick the capacity result of this model")
     group.add_argument("--gpus-per-pod", type=POSITIVE_INT, default=1)
     group.add_argument("--pods", type=POSITIVE_INT,

@@ -86,7 +86,8 @@ def slots_per_pod(args: argparse.Namespace) -> int:
              else capacities.newest(args.model))
     if found is None:
         raise scenarios.PlanError(
-            "give --slots-per-pod B or --capacity-from FILE (no bench/results/capacity-*.json"
+            f"give --slots-per-pod B or --capacity-from FILE (no capacity-*.json in"
+            f" {capacities.RESULTS}"
             + (f" of model {args.model}" if args.model else "") + ")")
     return found.streams_per_gpu * int(args.gpus_per_pod)
 

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asrpool.client.local import LocalPlatform
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,9 +69,17 @@ def _add_platform_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from asrpool.client import local
+    from asrpool.client import local, tables
 
-    return local.run_up(args)
+    try:
+        with _stop_on_signals(), _platform(args) as platform:
+            tables.show_live(platform)
+    except KeyboardInterrupt:
+        pass
+    except local.PlatformError as exc:
+        print(f"asrpool up: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,6 +91,37 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from asrpool.client import demo, local
+
+    try:
+        with _stop_on_signals(), _platform(args) as platform:
+            return demo.run(platform, Path(args.file) if args.file else local.SAMPLE)
+    except KeyboardInterrupt:
+        return 130
+    except local.PlatformError as exc:
+        print(f"asrpool demo: {exc}", file=sys.stderr)
+        return 1
+
+
+def _platform(args: argparse.Namespace) -> LocalPlatform:
     from asrpool.client import local
 
-    return local.run_demo(args)
+    return local.LocalPlatform(args.pods, args.slots_per_pod, args.model, args.port,
+                               args.policy)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt and so end in a clean stop.
+
+    SIGINT is set explicitly: a shell starts background jobs with it ignored.
+    """
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -11,9 +11,7 @@ streams a file through the router.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import os
 import secrets
 import signal
@@ -21,9 +19,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 import redis.asyncio as aioredis
 
@@ -163,51 +160,3 @@ def _asrpool(*args: str) -> list[str]:
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:
         return bool(response.status == 200)
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM both raise KeyboardInterrupt and so end in a clean stop.
-
-    SIGINT is set explicitly: a shell starts background jobs with it ignored.
-    """
-    def _raise(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def run_up(args: argparse.Namespace) -> int:
-    from asrpool.client import tables
-
-    try:
-        with _stop_on_signals(), _platform(args) as platform:
-            tables.show_live(platform)
-    except KeyboardInterrupt:
-        pass
-    except PlatformError as exc:
-        print(f"asrpool up: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    from asrpool.client import demo
-
-    try:
-        with _stop_on_signals(), _platform(args) as platform:
-            return demo.run(platform, Path(args.file) if args.file else SAMPLE)
-    except KeyboardInterrupt:
-        return 130
-    except PlatformError as exc:
-        print(f"asrpool demo: {exc}", file=sys.stderr)
-        return 1
-
-
-def _platform(args: argparse.Namespace) -> LocalPlatform:
-    return LocalPlatform(args.pods, args.slots_per_pod, args.model, args.port, args.policy)

@@ -48,6 +48,8 @@ def test_wheel_installs_and_imports(tmp_path: Path) -> None:
     assert not any(name.startswith(("asrpool_harness/", "asrpool/localcluster/"))
                    for name in names)
     assert "asrpool/bench/soak.py" not in names and "asrpool/bench/parity.py" not in names
+    # The GPU capacities `asrpool plan` sizes pods from, beside their bench.
+    assert "asrpool/bench/results/capacity-stt-1b-en_fr-cuda.json" in names
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(target), str(wheel)], check=True)

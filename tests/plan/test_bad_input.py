@@ -146,3 +146,12 @@ def test_help_and_errors_need_no_torch() -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == "asrpool plan: argument --slots-per-pod: must be above zero, " \
                                  "got 0"
+
+
+def test_the_measured_capacities_are_found_from_any_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """They ship with asrpool.bench (its results/ folder), not the checkout's cwd."""
+    monkeypatch.chdir(tmp_path)
+    found = capacities.newest("stt-1b-en_fr")
+    assert found is not None and found.streams_per_gpu > 0
+    assert Path(found.source).parent == capacities.RESULTS and capacities.RESULTS.is_dir()
