@@ -106,7 +106,7 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
 
 
 async def _transcribe(pod: pods.Pod, request: fastapi.Request) -> responses.Response:
-    refusal = pod.refusal(request.headers, request.query_params)
+    refusal = pod.gate.refusal(request.headers, request.query_params)
     if refusal is not None:
         pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         return responses.PlainTextResponse(refusal, status_code=401)
@@ -123,7 +123,7 @@ def _end(pod: pods.Pod, request: fastapi.Request) -> responses.Response:
     when its client closed cleanly but the pod, holding back a fast sender, had not yet
     read the close that came behind that audio (dropping the link instead would keep
     the slot for a resume). 204, or 404 for an unknown token."""
-    refusal = pod.refusal(request.headers, request.query_params)
+    refusal = pod.gate.refusal(request.headers, request.query_params)
     if refusal is not None:
         pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         return responses.PlainTextResponse(refusal, status_code=401)

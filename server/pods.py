@@ -1,8 +1,9 @@
 """The pod: everything one server process holds, built once and passed to the app.
 
 :class:`Pod` ties the slot buffers, the engine thread, the streams, the heartbeat and
-the metrics together, and answers the questions the routes ask (may this client
-connect? is the pod ready?). It holds no module-level state.
+the metrics together, and answers the questions the routes ask (is the pod ready? may
+it take a stream?); who may connect at all is its :class:`gate.Gate`'s to say, and
+keeping real time its :class:`keeping.Keeper`'s. It holds no module-level state.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ import enum
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
-from asrpool.common import auth, heap, limits, protocol, rates, registry
+from asrpool.common import auth, heap, protocol, registry
 from asrpool.server import (
     engine_loop,
     enginechild,
+    gate,
     handles,
     heartbeat,
     intake,
+    keeping,
     metrics,
     opuslanes,
     outcomes,
@@ -39,10 +41,6 @@ if TYPE_CHECKING:
     from asrpool.server import pacing, sizing
 
 logger = logging.getLogger(__name__)
-
-_REAL_TIME_TICK_S = 0.5
-
-_POD_TOKEN_HEADER = protocol.POD_TOKEN_HEADER.encode()  # as h11 gives header names: lowercase
 
 
 class State(enum.Enum):
@@ -79,9 +77,9 @@ class Pod:
         self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
         self._heartbeat_wake = asyncio.Event()
         self.realtime = overload.RealTimeWatch(config.overload_seconds, config.shed_seconds)
-        self._new_streams = (rates.TokenBucket(config.new_streams_per_second,
-                                               config.new_streams_burst)
-                             if config.new_streams_per_second else None)
+        self.keeper = keeping.Keeper(self.realtime, self.sessions, self.metrics,
+                                     self._heartbeat_wake.set)
+        self.gate = gate.Gate(config, deps.keys, self.count_error)  # 401 and 429
         self._engine: engine_loop.EngineLoop | None = None
         self.lanes: opuslanes.OpusLanes | None = None
         self.intake: intake.IntakeWorkers | None = None
@@ -120,7 +118,7 @@ class Pod:
                 lambda _: self.metrics.intake_restarts.inc())
         if self.deps.redis is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat(self.deps.redis)))
-        self._tasks.append(asyncio.create_task(self._watch_real_time()))
+        self._tasks.append(asyncio.create_task(self.keeper.run()))
 
     async def shutdown(self) -> None:
         for stream in self.sessions.streams():
@@ -161,7 +159,7 @@ class Pod:
         logger.info("draining: %d open streams", self.sessions.used)
         return True
 
-    # Questions the routes ask.
+    # Questions the routes ask (who may connect at all: self.gate).
 
     @property
     def ready(self) -> bool:
@@ -171,46 +169,6 @@ class Pod:
     def started(self) -> bool:
         """The model is loaded and warmed: serving now, or draining after serving."""
         return self.state in (State.READY, State.DRAINING)
-
-    def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-        """Why a request is refused before the upgrade (HTTP 401), or None.
-
-        A pod with a pod token admits only requests that carry it: the routers', which
-        checked the client's API key already (a router never forwards the key), so no key
-        is asked for. A pod without a token checks the API key itself, if it has keys."""
-        token = auth.revealed(self.settings.pod_token)
-        if token is not None:
-            sent = headers.get(protocol.POD_TOKEN_HEADER)
-            return None if auth.same_secret(sent, token) else protocol.UNAUTHORIZED
-        keys = self.deps.keys
-        if keys is not None:
-            plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
-            return None if keys.find(plain) is not None else protocol.UNAUTHORIZED
-        return None
-
-    def new_stream(self, address: str, headers: Sequence[tuple[bytes, bytes]]
-                   ) -> rates.Throttled | None:
-        """Why a new stream is refused from its request head (HTTP 429, by the gate of
-        ``limits.uvicorn_options``): over the process's new streams per second, whoever
-        asks (a pod's clients are its routers). A router's link (it carries the pod
-        token) hears it at once, not after the hold: it retries nothing, and its client
-        waits on it. A router's resumes are not counted: when a router dies, all its
-        clients come back at once through the others, and each must find its stream."""
-        bucket = self._new_streams
-        if bucket is None or (limits.resuming(headers) and self._from_a_router(headers)):
-            return None
-        if bucket.take():
-            return None
-        self.count_error(rates.TOO_MANY_STREAMS)
-        throttled = rates.too_many_streams(bucket.rate, "on this pod", bucket.seconds_until())
-        return dataclasses.replace(throttled, held=not self._from_a_router(headers))
-
-    def _from_a_router(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
-        token = auth.revealed(self.settings.pod_token)
-        if token is None:
-            return False
-        sent = [value for name, value in headers if name == _POD_TOKEN_HEADER]
-        return len(sent) == 1 and auth.same_secret(sent[0].decode("latin-1"), token)
 
     def not_accepting(self) -> outcomes.Failed | None:
         """Why a new stream is refused after the upgrade, or None."""
@@ -306,8 +264,8 @@ class Pod:
 
     def _on_output(self, output: engine_loop.StepOutput) -> None:
         self.sessions.deliver(output)
-        self._keep_real_time(self.realtime.step(time.monotonic(), output.buffered,
-                                                output.duration, self.sessions.used))
+        self.keeper.judge(self.realtime.step(time.monotonic(), output.buffered,
+                                             output.duration, self.sessions.used))
         if self.lanes is not None:
             self.lanes.after_step()
         if self.intake is not None:
@@ -339,52 +297,6 @@ class Pod:
         stream = self.sessions.in_slot(slot, generation)
         if stream is not None:
             stream.room.set()
-
-    async def _watch_real_time(self) -> None:
-        """Look at the event loop's own load (and notice an idle engine) twice a second."""
-        while True:
-            await asyncio.sleep(_REAL_TIME_TICK_S)
-            self._keep_real_time(self.realtime.tick(time.monotonic(), time.thread_time(),
-                                                    self.sessions.used))
-
-    def _keep_real_time(self, verdict: overload.Verdict) -> None:
-        if verdict.overloaded_changed:
-            overloaded = self.realtime.overloaded
-            self.metrics.overloaded.set(int(overloaded))
-            self._heartbeat_wake.set()
-            if overloaded:
-                logger.warning("overloaded: %.1f s behind real time (engine %.1f s, event loop "
-                               "%.1f s); no new streams until it catches up",
-                               self.realtime.behind, self.realtime.engine_behind,
-                               self.realtime.loop_behind)
-                if self.realtime.engine_bound:
-                    logger.error(
-                        "the engine's own step takes %.0f ms for %d slots, over a frame's "
-                        "80 ms: no stream keeps real time on this pod however few it "
-                        "serves, and shedding would not help; serve fewer slots "
-                        "(--batch-size auto measures how many)",
-                        self.realtime.step_seconds * 1e3, self.sessions.total)
-            else:
-                logger.info("caught up with real time: taking new streams again")
-        if verdict.shed:
-            self._shed(verdict.shed)
-
-    def _shed(self, count: int) -> None:
-        """End the newest streams so that the rest keep real time."""
-        behind = self.realtime.behind
-        shed = self.sessions.newest(count)
-        logger.warning("%.1f s behind real time and falling further: shedding the %d newest "
-                       "of %d streams", behind, len(shed), self.sessions.used)
-        self.metrics.shed.inc(len(shed))
-        failed = outcomes.Failed(
-            f"server fell {behind:.1f} s behind real time: its newest streams are ended so "
-            "that the rest keep up; connect again", protocol.ErrorCode.OVERLOADED,
-            protocol.CloseCode.TRY_AGAIN)
-        for stream in shed:
-            if stream.attached:
-                stream.end_connection(failed)
-            else:
-                self.sessions.close(stream)
 
     def _slots_changed(self) -> None:
         self.metrics.slots_free.set(self.sessions.total - self.sessions.used)

@@ -69,7 +69,7 @@ def _serve(prepared: tuple[settings.ServerSettings, pods.Deps]) -> int:
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port,
         log_level=config.log_level, ws_max_size=config.max_message_bytes,
-        **limits.uvicorn_options(config.connection_limits, app.state.pod),
+        **limits.uvicorn_options(config.connection_limits, app.state.pod.gate),
         # A client that answers no ping within the timeout and sent nothing else
         # meanwhile is gone (moshi-server: 20 s without any frame); one held back by
         # backpressure is not (framing.WebSocketProtocol).

@@ -24,7 +24,7 @@ _FLUSH_SECONDS = 2.0
 
 
 async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
-    refusal = pod.refusal(ws.headers, ws.query_params)
+    refusal = pod.gate.refusal(ws.headers, ws.query_params)
     if refusal is not None:
         pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         await ws.send_denial_response(responses.PlainTextResponse(refusal, status_code=401))

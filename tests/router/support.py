@@ -24,7 +24,7 @@ import websockets
 from websockets.asyncio import client as ws_client
 
 from asrpool.common import protocol, registry
-from asrpool.common.processes import free_port
+from asrpool.common.processes import free_port, wait_until  # the one poll, tests too
 from asrpool.router import settings
 from tests.support import kyutai_client, servers
 
@@ -59,15 +59,6 @@ async def beat(
     )
     await registry.write_heartbeat(redis, hb, lease_ms=lease_ms)
     return hb
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def async_wait_until(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:

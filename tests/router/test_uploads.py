@@ -37,7 +37,7 @@ def _platform(redis_url: str, tmp_path: Path) -> Iterator[tuple[support.RouterPr
         for pod in pods:
             pod.wait_ready()
         router.start()
-        support.wait_until(lambda: support.pods_in_view(router) == 2, what="both pods seen")
+        support.wait_until(lambda: support.pods_in_view(router) == 2, 20, "both pods seen")
         yield router, pods
     finally:
         router.terminate()

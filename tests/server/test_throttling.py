@@ -40,8 +40,8 @@ def _head(token: str | None = None) -> list[tuple[bytes, bytes]]:
 async def test_only_a_router_link_is_answered_at_once(
         pod_token: str | None, sent: str | None, held: bool) -> None:
     pod = _pod(pod_token)
-    assert pod.new_stream("10.0.0.9", _head(sent)) is None  # the burst
-    refused = pod.new_stream("10.0.0.9", _head(sent))
+    assert pod.gate.new_stream("10.0.0.9", _head(sent)) is None  # the burst
+    refused = pod.gate.new_stream("10.0.0.9", _head(sent))
     assert refused is not None and refused.status == 429
     assert refused.held is held
     assert refused.message.startswith("too_many_streams: over 1 new streams per second on"
@@ -50,9 +50,9 @@ async def test_only_a_router_link_is_answered_at_once(
 
 async def test_two_token_headers_are_no_router() -> None:
     pod = _pod(TOKEN)
-    pod.new_stream("10.0.0.9", _head(TOKEN))
+    pod.gate.new_stream("10.0.0.9", _head(TOKEN))
     twice = [*_head(TOKEN), (protocol.POD_TOKEN_HEADER.encode(), b"other")]
-    refused = pod.new_stream("10.0.0.9", twice)
+    refused = pod.gate.new_stream("10.0.0.9", twice)
     assert refused is not None and refused.held
 
 
@@ -64,8 +64,8 @@ async def test_two_token_headers_are_no_router() -> None:
 async def test_only_a_routers_resumes_pass_the_rate(sent: str | None, counted: bool) -> None:
     pod = _pod(TOKEN)
     resume = [*_head(sent), (protocol.RESUME_TOKEN_HEADER.encode(), b"sid.token")]
-    assert pod.new_stream("10.0.0.9", resume) is None  # the burst, or not counted
-    assert (pod.new_stream("10.0.0.9", resume) is not None) is counted
+    assert pod.gate.new_stream("10.0.0.9", resume) is None  # the burst, or not counted
+    assert (pod.gate.new_stream("10.0.0.9", resume) is not None) is counted
 
 
 class _Gate:
