@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import websockets
 
-from asrpool.common.processes import free_port
+from asrpool.common.processes import StartError, free_port, spawn, wait_until
 from asrpool.operator import children, pools
 from asrpool.operator import cli as operator_cli
 from tests.chart import emulated, rendering
@@ -43,21 +43,17 @@ class Process:
         assert container["command"][0] == "asrpool"
         clean = {k: v for k, v in os.environ.items() if not k.startswith("ASRPOOL_")}
         self.log = log
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(command, env={**clean, **env}, stdout=out,
-                                            stderr=subprocess.STDOUT)
+        self.child = spawn(container["name"], command, log, env={**clean, **env})
+        self.process = self.child.process
 
     def output(self) -> str:
         return self.log.read_text()[-4000:]
 
     def wait_for(self, url: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"exited {self.process.poll()}:\n{self.output()}"
-            if status(url) == 200:
-                return
-            time.sleep(0.1)
-        pytest.fail(f"{url} never answered 200:\n{self.output()}")
+        try:
+            wait_until(lambda: status(url) == 200, timeout, url, [self.child], 0.1)
+        except StartError as exc:
+            pytest.fail(f"{exc}:\n{self.output()}")
 
     def terminate(self, grace: float) -> int:
         """SIGTERM, as the kubelet sends it; the exit status, within ``grace`` seconds."""

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 import websockets
 from websockets.asyncio import client as ws_client
 
-from asrpool.common import protocol, registry
+from asrpool.common import processes, protocol, registry
 from asrpool.common.processes import free_port, wait_until  # the one poll, tests too
 from asrpool.router import settings
 from tests.support import kyutai_client, servers
@@ -89,16 +89,16 @@ def _answers(url: str) -> bool:
 class Process:
     """A child process of this test, logged to a file, killed at the end."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.args, self.log_path, self.env = args, log, env
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 name: str = "") -> None:
+        self.args, self.log_path, self.env, self.name = args, log, env, name or args[0]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         # faulthandler: a process stuck past terminate's timeout writes its threads'
         # stacks to its log on the SIGABRT sent before SIGKILL.
         env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(self.env or {})}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = processes.spawn(self.name, self.args, self.log_path, env=env).process
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -155,7 +155,8 @@ class RouterProcess(Process):
             *(() if "--drain-grace-seconds" in extra else ("--drain-grace-seconds", "0")),
             *extra,
         ]
-        super().__init__(args, workdir / f"router-{self.port}.log", env)
+        super().__init__(args, workdir / f"router-{self.port}.log", env,
+                         f"router on port {self.port}")
 
     @property
     def url(self) -> str:

@@ -44,6 +44,7 @@ class ServerProcess:
             "--pod-id", self.pod_id, "--torch-threads", str(torch_threads), *args,
         ]
         self.env = {**os.environ, **(env or {})}
+        self.child: processes.Child | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,22 +65,19 @@ class ServerProcess:
         return self.process.pid
 
     def start(self) -> ServerProcess:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.env, cwd=self.workdir)
-        log.close()
+        self.child = processes.spawn(f"asrpool serve on port {self.port}", self.command,
+                                     self.log_path, env=self.env, cwd=self.workdir)
+        self.process = self.child.process
         return self
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Poll ``/readyz`` until 200; fail with the server's log if it dies or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.poll() is not None:
-                raise RuntimeError(f"asrpool serve exited with {self.poll()}:\n{self.log()}")
-            if self.http_status("/readyz") == 200:
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"asrpool serve not ready after {timeout} s:\n{self.log()}")
+        children = [] if self.child is None else [self.child]
+        try:
+            processes.wait_until(lambda: self.http_status("/readyz") == 200, timeout,
+                                 f"asrpool serve on port {self.port}", children, period=0.1)
+        except processes.StartError as exc:
+            raise RuntimeError(f"{exc}:\n{self.log()}") from None
 
     def http_status(self, path: str) -> int | None:
         try:
