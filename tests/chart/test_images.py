@@ -185,11 +185,18 @@ def test_each_image_builds_the_wheel_from_every_package_folder(image: str) -> No
 
 
 def ignored(path: str) -> bool:
+    """As docker reads .dockerignore: the last pattern that matches the path (or a folder
+    above it) decides, and a ``!`` pattern takes a path back in."""
     patterns = [line.strip() for line in (rendering.ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     parts = Path(path).parts
     prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    return any(fnmatch.fnmatch(prefix, pattern) for pattern in patterns for prefix in prefixes)
+    out = False
+    for pattern in patterns:
+        kept = pattern.startswith("!")
+        if any(fnmatch.fnmatch(prefix, pattern.removeprefix("!")) for prefix in prefixes):
+            out = not kept
+    return out
 
 
 def test_the_build_context_leaves_out_environments_and_caches() -> None:
@@ -314,12 +321,19 @@ def test_the_build_context_the_dockerfiles_copy_builds_the_wheel(tmp_path: Path)
     for package in pyproject()["tool"]["setuptools"]["packages"]:
         assert f"{package.replace('.', '/')}/__init__.py" in names, package
     assert any(name.startswith("asrpool/router/static/") for name in names)
+    assert "asrpool/bench/results/capacity-stt-1b-en_fr-cuda.json" in names  # asrpool plan's
+
+
+def _taken_back_below(folder: str) -> bool:
+    """Whether a ``!`` pattern takes back something inside an ignored folder."""
+    lines = (rendering.ROOT / ".dockerignore").read_text().splitlines()
+    return any(line.startswith(f"!{folder}/") for line in lines)
 
 
 def copy_tree(source: Path, target: Path) -> None:
     """Copy what docker's build context would hold (.dockerignore applied)."""
     relative = source.relative_to(rendering.ROOT).as_posix()
-    if ignored(relative):
+    if ignored(relative) and not (source.is_dir() and _taken_back_below(relative)):
         return
     if source.is_dir():
         for child in source.iterdir():

@@ -4,8 +4,10 @@ from the microphone, and a stream resumed when its connection is cut."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from asrpool.client.local import LocalPlatform
@@ -16,49 +18,55 @@ from tests.support.cutting import CuttingProxy
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 
 
+WORDS = "document.querySelectorAll('#words .word').length"
+
+
 async def test_live_page_shows_words_from_the_microphone() -> None:
-    platform = LocalPlatform(pods=1, slots_per_pod=2, model="tiny", port=free_port())
-    await asyncio.to_thread(platform.start)
-    try:
-        url = f"http://127.0.0.1:{platform.port}/"
-        async with chromium.open_page(url, SAMPLE) as page:
-            await _until(page, "document.readyState === 'complete'")
-            await _until(page, "document.querySelectorAll('#pools tbody tr').length === 1")
-            await page.evaluate("document.getElementById('start').click()")
-            await _until(page, "document.querySelectorAll('#words .word').length >= 3", 90)
-            status = await page.evaluate("document.getElementById('status').textContent")
-            assert status == "listening"
-    finally:
-        await asyncio.to_thread(platform.stop)
+    async with _platform() as platform, _listening(platform.port) as page:
+        status = await page.evaluate("document.getElementById('status').textContent")
+        assert status == "listening"
 
 
 async def test_live_page_resumes_its_stream_when_its_connection_is_cut() -> None:
     """Every connection through a proxy cut mid-stream: the page resumes the stream with
     the token the router told it in band, and words go on coming, on the same session."""
-    platform = LocalPlatform(pods=1, slots_per_pod=2, model="tiny", port=free_port())
-    await asyncio.to_thread(platform.start)
-    proxy = CuttingProxy(platform.port)
-    server = await proxy.serve()
-    try:
-        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
-        async with chromium.open_page(url, SAMPLE) as page:
-            await _until(page, "document.readyState === 'complete'")
-            await _until(page, "document.querySelectorAll('#pools tbody tr').length === 1")
-            await page.evaluate("document.getElementById('start').click()")
-            await _until(page, "document.querySelectorAll('#words .word').length >= 3", 90)
-            heard = await page.evaluate("document.querySelectorAll('#words .word').length")
-            proxy.cut()
-            await _until(page, f"document.querySelectorAll('#words .word').length > {heard + 3}",
-                         90)
-            status = await page.evaluate("document.getElementById('status').textContent")
-            assert status == "listening"
+    async with _platform() as platform:
+        proxy = CuttingProxy(platform.port)
+        server = await proxy.serve()
+        try:
+            async with _listening(server.sockets[0].getsockname()[1]) as page:
+                heard = await page.evaluate(WORDS)
+                proxy.cut()
+                await _until(page, f"{WORDS} > {heard + 3}", 90)
+                status = await page.evaluate("document.getElementById('status').textContent")
+                assert status == "listening"
+        finally:
+            server.close()
         assert _metric(platform.port, 'asrpool_router_admissions_total{kind="resume",'
                                       'pool="default"}') == 1
         assert _metric(platform.port, 'asrpool_router_admissions_total{kind="new",'
                                       'pool="default"}') == 1
+
+
+@contextlib.asynccontextmanager
+async def _platform() -> AsyncIterator[LocalPlatform]:
+    platform = LocalPlatform(pods=1, slots_per_pod=2, model="tiny", port=free_port())
+    await asyncio.to_thread(platform.start)
+    try:
+        yield platform
     finally:
-        server.close()
         await asyncio.to_thread(platform.stop)
+
+
+@contextlib.asynccontextmanager
+async def _listening(port: int) -> AsyncIterator[chromium.Page]:
+    """The live page at ``port``, started, once it has shown three words."""
+    async with chromium.open_page(f"http://127.0.0.1:{port}/", SAMPLE) as page:
+        await _until(page, "document.readyState === 'complete'")
+        await _until(page, "document.querySelectorAll('#pools tbody tr').length === 1")
+        await page.evaluate("document.getElementById('start').click()")
+        await _until(page, f"{WORDS} >= 3", 90)
+        yield page
 
 
 def _metric(port: int, sample: str) -> float | None:
