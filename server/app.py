@@ -10,7 +10,7 @@ import fastapi
 from fastapi import responses
 
 from asrpool.common import auth, builds, protocol, redis_clients
-from asrpool.server import enginechild, pacing, pods, settings, streaming, uploads
+from asrpool.server import enginechild, pacing, pods, realtimews, settings, streaming, uploads
 from asrpool.server import metrics as metrics_mod
 
 if TYPE_CHECKING:
@@ -61,6 +61,10 @@ def create_app(config: settings.ServerSettings, deps: pods.Deps) -> fastapi.Fast
     @app.websocket(protocol.STREAMING_PATH)
     async def asr_streaming(websocket: fastapi.WebSocket) -> None:
         await streaming.serve(websocket, pod)
+
+    @app.websocket(realtimews.PATH)
+    async def openai_realtime(websocket: fastapi.WebSocket) -> None:
+        await realtimews.serve(websocket, pod)
 
     @app.get("/healthz")
     def healthz() -> responses.Response:

@@ -60,10 +60,11 @@ class Ready:
     model_id: str
     state_nbytes: int
     pace: pacing.Pace | None = None  # a paced stand-in's (``--paced-engine``)
+    delay: int = 0  # the model's steps from a frame to its word
 
     @classmethod
     def of(cls, engine: stepping.Engine) -> Ready:
-        return cls(engine.model_id, engine.state_nbytes(), engine.pace)
+        return cls(engine.model_id, engine.state_nbytes(), engine.pace, engine.delay)
 
 
 class Runner(Protocol):

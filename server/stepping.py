@@ -71,6 +71,7 @@ class Engine(abc.ABC):
             raise EngineInputError(f"batch size must be at least 1, got {batch_size}")
         self.model_id = model_id
         self.batch_size = batch_size
+        self.delay = delay  # steps from a frame to its word (a stream's flush needs as many)
         self.has_extra_heads = has_extra_heads
         self._pcm = np.zeros((batch_size, 1, FRAME_SIZE), dtype=np.float32)
         self.decoders = [ev.WordDecoder(delay, detokenize) for _ in range(batch_size)]

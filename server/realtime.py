@@ -1,0 +1,351 @@
+"""OpenAI's Realtime API in transcription mode, on one of the pod's streams: the protocol
+state of a session, kept pure (client events in; server events, and what to do to the
+stream, out), so that :mod:`server.realtimews` only moves bytes.
+
+The shapes are the official ``openai`` SDK's (GA, and the beta form a client asks for
+with ``OpenAI-Beta: realtime=v1``). Turns are the client's own commits
+(``turn_detection: null``); the model's voice activity as server VAD is not offered yet,
+and says so. A commit is a marker on the stream, behind which the pod steps the model's
+delay of silence, so the turn's last words come without more audio; every word the
+model says before the marker comes back is the turn's, sent as a delta, and the
+marker's return completes the turn. A clear is a marker too: the words before it are
+dropped. Audio is 24 kHz 16-bit PCM, base64; G.711 is refused, saying so.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from asrpool.common import protocol
+
+MIN_COMMIT_SAMPLES = protocol.SAMPLE_RATE // 10  # 100 ms, as OpenAI asks
+MAX_APPEND_BYTES = 15 << 20  # of base64, as OpenAI's limit
+PCM_FORMAT = {"type": "audio/pcm", "rate": protocol.SAMPLE_RATE}
+BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+Event = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Audio:
+    """Push these samples to the stream."""
+
+    pcm: NDArray[np.float32]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mark:
+    """Push marker ``marker_id``; ``flush``: then the model's delay of silence."""
+
+    marker_id: int
+    flush: bool
+
+
+Action = Audio | Mark
+
+
+class Refused(Exception):
+    """A client event refused: an ``error`` event, the connection kept."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A commit (``item_id``) or a clear (``item_id`` empty) whose marker is out."""
+
+    marker_id: int
+    item_id: str
+    words: list[str]
+    samples: int
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:22]}"
+
+
+class Session:
+    def __init__(self, beta: bool) -> None:
+        self.beta = beta
+        self.transcription: dict[str, Any] = {"model": None, "language": None, "prompt": None}
+        self.noise_reduction: dict[str, Any] | None = None
+        self.include: list[str] | None = None
+        self.samples = 0  # appended since the last commit or clear
+        self.words: list[str] = []  # heard since then, not yet committed
+        self.pending: collections.deque[_Pending] = collections.deque()
+        self.previous_item: str | None = None
+        self.next_marker = 1
+
+    # What the server says first.
+
+    def opened(self) -> list[Event]:
+        kind = "transcription_session.created" if self.beta else "session.created"
+        return [event(kind, session=self._session())]
+
+    # Client events.
+
+    def receive(self, text: str) -> tuple[list[Event], list[Action]]:
+        """The events to send and the actions on the stream for one client message."""
+        client_event_id = None
+        try:
+            message = _parse(text)
+            client_event_id = _event_id(message)
+            return self._handle(message)
+        except Refused as exc:
+            return [error(exc.code, exc.message, exc.param, client_event_id)], []
+
+    def _handle(self, message: dict[str, Any]) -> tuple[list[Event], list[Action]]:
+        kind = message["type"]
+        if kind == "input_audio_buffer.append":
+            return [], [self._append(message)]
+        if kind == "input_audio_buffer.commit":
+            return self._commit()
+        if kind == "input_audio_buffer.clear":
+            return self._clear()
+        if kind in ("session.update", "transcription_session.update"):
+            self._update(message)
+            updated = "transcription_session.updated" if self.beta else "session.updated"
+            return [event(updated, session=self._session())], []
+        raise Refused("invalid_value", f"Invalid value: {kind!r}. Supported values are: "
+                      "'session.update', 'transcription_session.update', "
+                      "'input_audio_buffer.append', 'input_audio_buffer.commit' and "
+                      "'input_audio_buffer.clear'.", "type")
+
+    def _append(self, message: dict[str, Any]) -> Audio:
+        audio = message.get("audio")
+        if not isinstance(audio, str):
+            raise Refused("invalid_type", "Invalid type for 'audio': expected a base64 string.",
+                          "audio")
+        if len(audio) > MAX_APPEND_BYTES:
+            raise Refused("invalid_value", f"'audio' is {len(audio)} bytes of base64, over the "
+                          f"{MAX_APPEND_BYTES}-byte limit of one append.", "audio")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise Refused("invalid_value", "Invalid 'audio'. Expected base64-encoded audio "
+                          "bytes (mono PCM16 at 24kHz) but got an invalid value.",
+                          "audio") from None
+        if len(data) % 2:
+            raise Refused("invalid_value", "Invalid 'audio': 16-bit PCM has an even number "
+                          f"of bytes, got {len(data)}.", "audio")
+        pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        self.samples += len(pcm)
+        return Audio(pcm)
+
+    def _commit(self) -> tuple[list[Event], list[Action]]:
+        if self.samples < MIN_COMMIT_SAMPLES:
+            ms = self.samples * 1000 / protocol.SAMPLE_RATE
+            raise Refused("input_audio_buffer_commit_empty", "Error committing input audio "
+                          "buffer: buffer too small. Expected at least 100ms of audio, but "
+                          f"buffer only has {ms:.2f}ms of audio.")
+        item_id = new_id("item")
+        pending = _Pending(self._marker(), item_id, self.words, self.samples)
+        events = [event("input_audio_buffer.committed", item_id=item_id,
+                        previous_item_id=self.previous_item)]
+        item = {"id": item_id, "object": "realtime.item", "type": "message",
+                "status": "completed", "role": "user",
+                "content": [{"type": "input_audio", "transcript": None}]}
+        added = ["conversation.item.created"] if self.beta else [
+            "conversation.item.added", "conversation.item.done"]
+        events += [event(kind, previous_item_id=self.previous_item, item=item)
+                   for kind in added]
+        events += [self._delta(pending, i) for i in range(len(pending.words))]
+        self.pending.append(pending)
+        self.previous_item, self.words, self.samples = item_id, [], 0
+        return events, [Mark(pending.marker_id, flush=True)]
+
+    def _clear(self) -> tuple[list[Event], list[Action]]:
+        pending = _Pending(self._marker(), "", self.words, self.samples)
+        self.pending.append(pending)
+        self.words, self.samples = [], 0
+        return [event("input_audio_buffer.cleared")], [Mark(pending.marker_id, flush=False)]
+
+    def _marker(self) -> int:
+        self.next_marker += 1
+        return self.next_marker - 1
+
+    def _update(self, message: dict[str, Any]) -> None:
+        """The whole update, or nothing of it (as OpenAI: a bad field refuses it all)."""
+        session = message.get("session")
+        if not isinstance(session, dict):
+            raise Refused("missing_required_parameter", "Missing required parameter: "
+                          "'session'.", "session")
+        fields = _beta_fields(session) if message["type"].startswith("transcription_") \
+            else _ga_fields(session)
+        self.transcription = {**self.transcription, **fields.get("transcription", {})}
+        if "noise_reduction" in fields:
+            self.noise_reduction = fields["noise_reduction"]
+        if "include" in fields:
+            self.include = fields["include"]
+
+    # The stream's results.
+
+    def result(self, message: dict[str, Any]) -> list[Event]:
+        """The events for one of the stream's messages (Word and Marker; the rest, none)."""
+        if message.get("type") == "Word" and isinstance(message.get("text"), str):
+            return self._word(message["text"])
+        if message.get("type") == "Marker":
+            return self._marker_back(message.get("id"))
+        return []
+
+    def _word(self, text: str) -> list[Event]:
+        if not self.pending:
+            self.words.append(text)
+            return []
+        pending = self.pending[0]
+        pending.words.append(text)
+        return [self._delta(pending, len(pending.words) - 1)] if pending.item_id else []
+
+    def _marker_back(self, marker_id: object) -> list[Event]:
+        out: list[Event] = []
+        while self.pending and self.pending[0].marker_id != marker_id:
+            out += self._complete(self.pending.popleft())  # an earlier one (never, in order)
+        if self.pending:
+            out += self._complete(self.pending.popleft())
+        return out
+
+    def _complete(self, pending: _Pending) -> list[Event]:
+        if not pending.item_id:
+            return []
+        seconds = pending.samples / protocol.SAMPLE_RATE
+        return [event("conversation.item.input_audio_transcription.completed",
+                      item_id=pending.item_id, content_index=0,
+                      transcript=" ".join(pending.words),
+                      usage={"type": "duration", "seconds": round(seconds, 3)})]
+
+    def _delta(self, pending: _Pending, index: int) -> Event:
+        text = pending.words[index] if index == 0 else " " + pending.words[index]
+        return event("conversation.item.input_audio_transcription.delta",
+                     item_id=pending.item_id, content_index=0, delta=text)
+
+    def _session(self) -> dict[str, Any]:
+        if self.beta:
+            return {"object": "realtime.transcription_session", "input_audio_format": "pcm16",
+                    "input_audio_transcription": self.transcription, "turn_detection": None,
+                    "input_audio_noise_reduction": self.noise_reduction,
+                    "include": self.include, "modalities": ["text"], "client_secret": None}
+        return {"type": "transcription", "object": "realtime.transcription_session",
+                "audio": {"input": {"format": PCM_FORMAT, "transcription": self.transcription,
+                                    "noise_reduction": self.noise_reduction,
+                                    "turn_detection": None}},
+                "include": self.include}
+
+
+def event(kind: str, **fields: Any) -> Event:
+    """A server event: every one has its own ``event_id``."""
+    return {"type": kind, "event_id": new_id("event"), **fields}
+
+
+def error(code: str, message: str, param: str | None = None,
+          client_event_id: str | None = None, kind: str = "invalid_request_error") -> Event:
+    return event("error", error={"type": kind, "code": code, "message": message,
+                                 "param": param, "event_id": client_event_id})
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        message = json.loads(text)
+    except ValueError as exc:
+        raise Refused("invalid_json", f"Invalid event: failed to parse JSON value: {exc}.") \
+            from None
+    if not isinstance(message, dict):
+        raise Refused("invalid_event", "An event is a JSON object.")
+    if not isinstance(message.get("type"), str):
+        raise Refused("invalid_event", "The 'type' field is missing.", "type")
+    return message
+
+
+def _event_id(message: dict[str, Any]) -> str | None:
+    value = message.get("event_id")
+    return value if isinstance(value, str) else None
+
+
+def _ga_fields(session: dict[str, Any]) -> dict[str, Any]:
+    _known(session, "session", {"type", "audio", "include"})
+    if session.get("type") != "transcription":
+        raise Refused("invalid_value", "Invalid value: session.type must be 'transcription' on "
+                      "a transcription session.", "session.type")
+    audio = _object(session, "audio", "session")
+    given = _object(audio, "input", "session.audio")
+    _known(given, "session.audio.input",
+           {"format", "transcription", "turn_detection", "noise_reduction"})
+    if "format" in given:
+        _format(given["format"])
+    return _common(given, "session.audio.input", "transcription", "noise_reduction", session)
+
+
+def _beta_fields(session: dict[str, Any]) -> dict[str, Any]:
+    _known(session, "session", {"input_audio_format", "input_audio_transcription",
+                                "turn_detection", "input_audio_noise_reduction", "include",
+                                "modalities", "client_secret"})
+    audio_format = session.get("input_audio_format", "pcm16")
+    if audio_format not in BETA_FORMATS:
+        raise Refused("invalid_value", f"Invalid value: {audio_format!r}. Supported values are: "
+                      "'pcm16', 'g711_ulaw' and 'g711_alaw'.", "session.input_audio_format")
+    _format({"type": BETA_FORMATS[audio_format], "rate": protocol.SAMPLE_RATE})
+    return _common(session, "session", "input_audio_transcription",
+                   "input_audio_noise_reduction", session)
+
+
+def _common(given: dict[str, Any], where: str, transcription_key: str, noise_key: str,
+            session: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if given.get("turn_detection") is not None:
+        raise Refused("invalid_value", "asrpool does not detect turns yet: set "
+                      "turn_detection to null and commit each turn with "
+                      "input_audio_buffer.commit.", f"{where}.turn_detection")
+    if given.get(transcription_key) is not None:
+        transcription = _object(given, transcription_key, where)
+        _known(transcription, f"{where}.{transcription_key}",
+               {"model", "language", "prompt", "delay", "keywords", "languages"})
+        out["transcription"] = {k: transcription.get(k) for k in ("model", "language", "prompt")}
+    if noise_key in given:
+        out["noise_reduction"] = given[noise_key]
+    if "include" in session:
+        include = session["include"]
+        if include is not None and (not isinstance(include, list)
+                                    or not all(isinstance(i, str) for i in include)):
+            raise Refused("invalid_type", "Invalid type for 'session.include': expected a list "
+                          "of strings.", "session.include")
+        out["include"] = include
+    return out
+
+
+def _format(given: object) -> None:
+    if not isinstance(given, dict):
+        raise Refused("invalid_type", "Invalid type for 'session.audio.input.format': expected "
+                      "an object.", "session.audio.input.format")
+    if given.get("type") != "audio/pcm":
+        raise Refused("invalid_value", f"Invalid value: {given.get('type')!r}. asrpool takes "
+                      "'audio/pcm' (24 kHz 16-bit PCM); G.711 is not supported.",
+                      "session.audio.input.format.type")
+    if given.get("rate", protocol.SAMPLE_RATE) != protocol.SAMPLE_RATE:
+        raise Refused("invalid_value", f"Invalid value: {given.get('rate')!r}. Expected a "
+                      f"rate of {protocol.SAMPLE_RATE}.", "session.audio.input.format.rate")
+
+
+def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = parent.get(key, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Refused("invalid_type", f"Invalid type for '{where}.{key}': expected an object.",
+                      f"{where}.{key}")
+    return value
+
+
+def _known(given: dict[str, Any], where: str, known: set[str]) -> None:
+    for key in given:
+        if key not in known:
+            raise Refused("unknown_parameter", f"Unknown parameter: '{where}.{key}'.",
+                          f"{where}.{key}")

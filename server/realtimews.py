@@ -1,0 +1,152 @@
+"""``/v1/realtime?intent=transcription``: OpenAI's Realtime transcription protocol on one of
+the pod's slots (:mod:`server.realtime` keeps its state), beside Kyutai's protocol on
+the same slots. The key is ``Authorization: Bearer KEY`` (or Kyutai's header or query),
+checked as on ``/api/asr-streaming``; a pod behind routers takes their pod token.
+
+A commit pads the stream's last partial frame, marks it, and pushes the model's delay of
+silence, so the turn's last words come at once. The client is read only while the slot
+has room (backpressure, as for Kyutai's clients), and a client silent for the idle
+timeout is told so and closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import msgpack
+import numpy as np
+from starlette import responses, websockets
+
+from asrpool.common import protocol
+from asrpool.server import handles, outcomes, pods, realtime
+
+PATH = "/v1/realtime"
+INTENT = "transcription"
+BETA_HEADER = "openai-beta"
+
+
+async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
+    if ws.query_params.get("intent") != INTENT:
+        await ws.send_denial_response(responses.PlainTextResponse(
+            f"asrpool serves {PATH}?intent={INTENT} only", status_code=400))
+        return
+    refusal = pod.gate.refusal(_with_bearer(ws.headers), ws.query_params)
+    if refusal is not None:
+        pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
+        await ws.send_denial_response(responses.PlainTextResponse(refusal, status_code=401))
+        return
+    offered = ws.headers.get("sec-websocket-protocol", "")
+    subprotocol = "realtime" if "realtime" in [p.strip() for p in offered.split(",")] else None
+    await ws.accept(subprotocol=subprotocol)
+    session = realtime.Session(beta=ws.headers.get(BETA_HEADER, "").startswith("realtime"))
+    opened = pod.open(resumable=False)
+    if isinstance(opened, outcomes.Failed):
+        await _end(ws, pod, opened)
+        return
+    await _run(ws, pod, opened, session)
+
+
+def _with_bearer(headers: Any) -> dict[str, str]:
+    """The request's headers, a Bearer token as Kyutai's key header (one key for both)."""
+    out = dict(headers)
+    scheme, _, token = out.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token and protocol.API_KEY_HEADER not in out:
+        out[protocol.API_KEY_HEADER] = token.strip()
+    return out
+
+
+async def _run(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
+               session: realtime.Session) -> None:
+    sending = asyncio.Lock()
+    await _send(ws, sending, session.opened())
+    kick = handle.attach(False)
+    reader = asyncio.create_task(_read(ws, pod, handle, session, sending))
+    writer = asyncio.create_task(_write(ws, handle, session, sending))
+    outcome: outcomes.Outcome = outcomes.Lost()
+    try:
+        waited: set[asyncio.Future[Any]] = {reader, writer, kick}
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if reader.done() and not reader.cancelled() and reader.exception() is None:
+            outcome = reader.result()
+        elif kick.done():
+            outcome = kick.result()
+    finally:
+        handle.detach()
+        for task in (reader, writer):
+            task.cancel()
+        await asyncio.gather(reader, writer, return_exceptions=True)
+    if isinstance(outcome, outcomes.Failed):
+        await _end(ws, pod, outcome)
+    handle.finish(outcome)
+
+
+async def _read(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
+                session: realtime.Session, sending: asyncio.Lock) -> outcomes.Outcome:
+    idle = pod.settings.idle_timeout_seconds
+    while True:
+        await handle.room()
+        try:
+            message = await asyncio.wait_for(ws.receive(), idle)
+        except TimeoutError:
+            return outcomes.idle(idle)
+        if message["type"] == "websocket.disconnect":
+            return outcomes.disconnected(int(message.get("code") or protocol.CloseCode.LOST))
+        text = message.get("text")
+        if text is None:
+            error = realtime.error("invalid_event", "Expected a text WebSocket message; "
+                                   "binary frames are not supported.")
+            await _send(ws, sending, [error])
+            continue
+        events, actions = session.receive(text)
+        try:
+            for action in actions:
+                _apply(action, handle, pod.delay)
+        except protocol.ProtocolError as exc:  # too many turns waiting for their words
+            events = [realtime.error(str(exc.code), str(exc))]
+        await _send(ws, sending, events)
+
+
+def _apply(action: realtime.Action, handle: handles.Handle, delay: int) -> None:
+    if isinstance(action, realtime.Audio):
+        handle.push_audio(action.pcm)
+        return
+    if action.flush:  # the last partial frame stepped too, then the words of the delay
+        partial = handle.buffered() % protocol.FRAME_SIZE
+        if partial:
+            handle.push_audio(np.zeros(protocol.FRAME_SIZE - partial, dtype=np.float32))
+    handle.push_marker(action.marker_id)
+    if action.flush:
+        handle.push_audio(np.zeros(delay * protocol.FRAME_SIZE, dtype=np.float32))
+
+
+async def _write(ws: websockets.WebSocket, handle: handles.Handle, session: realtime.Session,
+                 sending: asyncio.Lock) -> None:
+    while True:
+        data = await handle.next_output()
+        handle.sent()
+        events = session.result(msgpack.unpackb(data, raw=False))
+        if events:
+            await _send(ws, sending, events)
+
+
+async def _send(ws: websockets.WebSocket, sending: asyncio.Lock,
+                events: list[realtime.Event]) -> None:
+    async with sending:
+        for item in events:
+            await ws.send_text(json.dumps(item, separators=(",", ":")))
+
+
+async def _end(ws: websockets.WebSocket, pod: pods.Pod, outcome: outcomes.Failed) -> None:
+    """The pod's reason as an ``error`` event, then the close, as on Kyutai's path."""
+    pod.count_error(outcome.code)
+    error = realtime.error(str(outcome.code), outcome.message, kind="server_error")
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await asyncio.wait_for(_close_with(ws, error, outcome.close_code), 2.0)
+
+
+async def _close_with(ws: websockets.WebSocket, error: realtime.Event, code: int) -> None:
+    await ws.send_text(json.dumps(error))
+    await ws.close(code)

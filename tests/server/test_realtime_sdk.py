@@ -1,0 +1,118 @@
+"""The official ``openai`` SDK (``openai[realtime]``, pinned), unchanged, against a real pod
+(``asrpool serve --model tiny``) at ``/v1/realtime?intent=transcription``: its events as
+the SDK parses them, strictly, and the turn's transcript the words Kyutai's protocol
+gives for the same audio on the same pod."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from tests.support import kyutai_client, servers, streams
+
+STRICT = TypeAdapter(RealtimeServerEvent)
+SESSION = {"type": "transcription", "audio": {"input": {
+    "format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None,
+    "transcription": {"model": "tiny"}}}}
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+    with servers.ServerProcess(tmp_path_factory.mktemp("realtime")) as server:
+        server.wait_ready()
+        yield server
+
+
+def pcm16(seconds: float, seed: int) -> np.ndarray:
+    """Speech-like audio as 16-bit samples, so that both protocols hear the same."""
+    return (streams.random_speechlike(seconds, seed) * 32767).astype("<i2")
+
+
+async def events_until(conn: Any, kind: str, timeout: float = 60.0) -> list[Any]:
+    out = []
+    async with asyncio.timeout(timeout):
+        async for event in conn:
+            out.append(event)
+            if event.type == kind:
+                return out
+    raise AssertionError(f"the connection ended before {kind}: {[e.type for e in out]}")
+
+
+def strictly(events: list[Any]) -> None:
+    for event in events:
+        STRICT.validate_python(event.model_dump(exclude_unset=True))
+
+
+async def test_a_committed_turn_is_transcribed_as_kyutais_protocol_hears_it(
+        pod: servers.ServerProcess) -> None:
+    audio = pcm16(3.0, seed=21)
+    client = openai.AsyncOpenAI(api_key="sk-local", base_url=f"{pod.http_url}/v1")
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        (created,) = await events_until(conn, "session.created", 10)
+        await conn.session.update(session=SESSION)
+        updated = await events_until(conn, "session.updated", 10)
+        await conn.input_audio_buffer.append(audio=base64.b64encode(audio.tobytes()).decode())
+        await conn.input_audio_buffer.commit()
+        turn = await events_until(conn, "conversation.item.input_audio_transcription.completed")
+    strictly([created, *updated, *turn])
+    kinds = [e.type for e in turn]
+    assert kinds[:3] == ["input_audio_buffer.committed", "conversation.item.added",
+                         "conversation.item.done"], kinds
+    deltas = [e.delta for e in turn if e.type.endswith(".delta")]
+    completed = turn[-1]
+    assert completed.transcript == "".join(deltas)
+    assert completed.item_id == turn[0].item_id
+    assert completed.usage.seconds == round(len(audio) / 24_000, 3)
+    # The same samples through Kyutai's protocol (the audio, a marker, silence): the same
+    # words, up to its marker.
+    heard = await kyutai_client.transcribe(pod.ws_url, audio.astype(np.float32) / 32768,
+                                           short=True)
+    words = [m["text"] for m in heard if m["type"] == "Word"]
+    assert words, "the tiny model says words for this audio: a comparison, not two empties"
+    assert completed.transcript == " ".join(words)
+
+
+async def test_bad_events_are_errors_and_the_session_goes_on(
+        pod: servers.ServerProcess) -> None:
+    client = openai.AsyncOpenAI(api_key="sk-local", base_url=f"{pod.http_url}/v1")
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await events_until(conn, "session.created", 10)
+        await conn.input_audio_buffer.commit(event_id="empty-commit")
+        (error,) = await events_until(conn, "error", 10)
+        assert error.error.code == "input_audio_buffer_commit_empty"
+        assert error.error.event_id == "empty-commit"
+        await conn.send({"type": "input_audio_buffer.append", "audio": "not base64!"})
+        (error,) = await events_until(conn, "error", 10)
+        assert (error.error.code, error.error.param) == ("invalid_value", "audio")
+        await conn.input_audio_buffer.append(
+            audio=base64.b64encode(pcm16(0.5, seed=3).tobytes()).decode())
+        await conn.input_audio_buffer.commit()
+        turn = await events_until(conn,
+                                  "conversation.item.input_audio_transcription.completed")
+        strictly([error, *turn])
+
+
+async def test_a_full_pod_says_why_and_a_request_without_intent_is_refused(
+        pod: servers.ServerProcess) -> None:
+    client = openai.AsyncOpenAI(api_key="sk-local", base_url=f"{pod.http_url}/v1")
+    holders = [await kyutai_client.connect(pod.ws_url) for _ in range(2)]  # both slots
+    try:
+        for ws in holders:
+            await kyutai_client.expect(ws, "Ready")
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            (error,) = await events_until(conn, "error", 10)
+            assert error.error.code == "busy"
+    finally:
+        for ws in holders:
+            await ws.close()
+    with pytest.raises(Exception, match="400"):
+        async with client.realtime.connect() as conn:
+            await conn.recv()
