@@ -104,10 +104,14 @@ class RedisSentinelServers:
                                           decode_responses=True)
 
     def _known(self) -> bool:
+        """Every sentinel answers, and knows both replicas and the other sentinels."""
         for port in self.sentinel_ports:
             with self._sentinel(port) as sentinel:
-                if (len(sentinel.sentinel_slaves(SENTINEL_SERVICE)) != 2
-                        or len(sentinel.sentinel_sentinels(SENTINEL_SERVICE)) != 2):
+                try:
+                    if (len(sentinel.sentinel_slaves(SENTINEL_SERVICE)) != 2
+                            or len(sentinel.sentinel_sentinels(SENTINEL_SERVICE)) != 2):
+                        return False
+                except redis.RedisError:  # not listening yet
                     return False
         return True
 

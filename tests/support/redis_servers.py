@@ -60,11 +60,17 @@ class RedisClusterServers:
         processes.wait_until(self._ok, 30, "the Redis Cluster's state to be ok", period=0.1)
 
     def _ok(self) -> bool:
+        """Every node says the cluster is ok, and has its link to every master up (the
+        state turns ok before the last links are)."""
         want = {"cluster_state": "ok", "cluster_known_nodes": str(len(self.nodes))}
         for node in self.nodes:
             with node.client() as client:
                 info = {k: str(v) for k, v in client.cluster("INFO").items()}
+                seen = client.cluster("NODES")
             if any(info.get(k) != v for k, v in want.items()):
+                return False
+            masters = [i for i in seen.values() if "master" in i["flags"] and i["connected"]]
+            if len(masters) != len(self.nodes):
                 return False
         return True
 
