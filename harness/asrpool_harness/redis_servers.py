@@ -83,6 +83,14 @@ class RedisSentinelServers:
         return f"redis+sentinel://{hosts}/{SENTINEL_SERVICE}/0"
 
     def start(self) -> None:
+        """Start them all; if one fails, none is left running."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         first = self.servers[0]
         for server in self.servers:
             server.workdir.mkdir(parents=True, exist_ok=True)
