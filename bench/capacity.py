@@ -62,6 +62,7 @@ import torch
 from moshi.utils import compile as moshi_compile
 
 from asrpool.bench import devices, intake, sockets
+from asrpool.common import limits
 from asrpool.server import engine, engine_loop, models, sessions, sizing, slots
 
 FRAME_MS = 80.0
@@ -75,7 +76,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     parser.add_argument("--context", type=int, default=None, help="KV cache steps")
     parser.add_argument("--start", type=int, default=1, help="first batch tried")
-    parser.add_argument("--max-batch", type=int, default=4096)
+    parser.add_argument("--max-batch", type=int, default=limits.MAX_SLOTS_PER_POD)
     parser.add_argument("--max-trials", type=int, default=12, help="per CUDA graphs mode")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per trial")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per trial")

@@ -30,6 +30,7 @@ COPY router router
 COPY operator operator
 COPY bench bench
 COPY plan plan
+COPY crds crds
 RUN /opt/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}

@@ -3,9 +3,11 @@
 The CRD's schema rejects most bad input at the API server. What it cannot see (a pool
 that needs more GPUs than it may use, autoscaling bounds out of order, a name too long
 for its children) is checked here, and :class:`~asrpool.operator.specs.InvalidSpec`
-says what to fix (the fields are read by :mod:`~asrpool.operator.specs`). Defaults
-mirror the CRD's own (a test holds them equal), because an API server that skips
-defaulting, or an older CRD, must not change what the operator builds.
+says what to fix (the fields are read by :mod:`~asrpool.operator.specs`). The CRD's
+defaults are applied first, from the CRD itself (:mod:`~asrpool.operator.schema`):
+an API server that skipped defaulting, or an older CRD, must not change what the
+operator builds, and no default is written twice. The defaults here are those the CRD
+leaves to the operator (it says so in its descriptions).
 """
 
 from __future__ import annotations
@@ -17,21 +19,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from asrpool.common import dtypes, limits
-from asrpool.operator import naming, sources, specs, templates
+from asrpool.operator import naming, schema, sources, specs, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
-DEFAULT_SLOTS_PER_POD = 8
 AUTO = "auto"
-DEFAULT_CONTEXT = 375  # model steps of 80 ms: 30 s of rolling context
-DEFAULT_DRAIN_GRACE_SECONDS = 60
-DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_PULL_POLICY = "IfNotPresent"
 MAX_OPUS_WORKERS = 64  # as the server's --opus-workers
 # A pool that names no opusWorkers gets a lane per core of its CPU request beyond these
 # (the event loop's and the engine's), and one at the least: Opus leaves the event loop.
 CORES_BESIDE_OPUS_LANES = 2
 MAX_INTAKE_WORKERS = 64  # as the server's --intake-workers
-DEFAULT_DTYPE = dtypes.AUTO  # the server's policy: bfloat16 on CUDA, float32 on the CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +60,12 @@ class Behavior:
 
 @dataclasses.dataclass(frozen=True)
 class Autoscaling:
-    enabled: bool = False
-    min_slots: int = 0  # from_body defaults it to one pod's slots
-    max_slots: int = 0
-    target_free_fraction: float = 0.25
-    scale_up_seconds: float = 0.0
-    scale_down_seconds: float = 300.0
+    enabled: bool
+    min_slots: int  # left out: one pod's slots
+    max_slots: int
+    target_free_fraction: float
+    scale_up_seconds: float
+    scale_down_seconds: float
     behavior: Behavior = Behavior()
 
 
@@ -101,44 +97,42 @@ class SecretKey:
 
 @dataclasses.dataclass(frozen=True)
 class Pool:
-    """What the operator needs of one pool, defaults applied."""
+    """What the operator needs of one pool, defaults applied (:func:`from_body`)."""
 
     name: str
     namespace: str
     model: str
+    revision: str
+    source: sources.ModelSource  # spec.model, read
+    dtype: str
+    template: templates.PodTemplate  # pod template pass-through
     slots: int
-    revision: str = ""
-    slots_per_pod: int = DEFAULT_SLOTS_PER_POD
+    slots_per_pod: int
     # slotsPerPod: auto: each pod measures its engine (serve --batch-size auto), and
     # slots_per_pod is what the pool's live pods measured (usage.measured_slots), or,
     # before any did, the whole pool's slots: one pod first, to measure.
-    auto_slots: bool = False
-    context: int = DEFAULT_CONTEXT
-    image: str = ""
-    image_pull_policy: str = DEFAULT_PULL_POLICY
-    gpus: int = 1
-    gpu_resource: str = DEFAULT_GPU_RESOURCE
-    cpu: str = ""
-    memory: str = ""
-    max_gpus: int | None = None
-    drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_SECONDS
-    opus_workers: int = 0
-    intake_workers: int = 0
-    engine_process: bool = False
-    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    affinity: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    priority_class: str = ""
-    autoscaling: Autoscaling = Autoscaling()
-    api_keys: SecretKey | None = None
-    pod_token: SecretKey | None = None
-    source: sources.ModelSource = dataclasses.field(  # spec.model, read
-        default_factory=lambda: sources.ModelSource(name="tiny"))
-    dtype: str = DEFAULT_DTYPE
-    template: templates.PodTemplate = dataclasses.field(  # pod template pass-through
-        default_factory=templates.PodTemplate)
-    rollout: Rollout = Rollout()
-    disruption_budget: DisruptionBudget = DisruptionBudget()
+    auto_slots: bool
+    context: int
+    image: str
+    image_pull_policy: str
+    max_gpus: int | None
+    drain_grace_seconds: int
+    opus_workers: int
+    intake_workers: int
+    engine_process: bool
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    affinity: Mapping[str, Any]
+    priority_class: str
+    autoscaling: Autoscaling
+    api_keys: SecretKey | None
+    pod_token: SecretKey | None
+    rollout: Rollout
+    disruption_budget: DisruptionBudget
+    gpus: int
+    gpu_resource: str
+    cpu: str
+    memory: str
 
     @property
     def pods(self) -> int:
@@ -163,7 +157,8 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
     """Read and check a pool object (``metadata`` and ``spec``); raise
     :class:`~asrpool.operator.specs.InvalidSpec`. ``measured_slots``: the slots its live
     pods measured for themselves (``slotsPerPod: auto``), if any reported."""
-    meta, spec = body.get("metadata", {}), specs.Section("spec", body.get("spec") or {})
+    meta = body.get("metadata", {})
+    spec = specs.Section("spec", schema.defaulted(schema.pool_spec(), body.get("spec") or {}))
     namespace = str(meta.get("namespace") or "default")
     source, template = _model(spec, namespace), templates.read(spec)
     auto = spec.get("slotsPerPod") == AUTO
@@ -179,11 +174,11 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
         slots=spec.integer("slots", required=True),
         slots_per_pod=slots_per_pod,
         auto_slots=auto,
-        context=spec.integer("context", DEFAULT_CONTEXT, minimum=1),
+        context=spec.integer("context", required=True, minimum=1),
         image=spec.text("image"),
-        image_pull_policy=spec.text("imagePullPolicy") or DEFAULT_PULL_POLICY,
+        image_pull_policy=spec.text("imagePullPolicy", required=True),
         max_gpus=spec.optional_integer("maxGPUs"),
-        drain_grace_seconds=spec.integer("drainGracePeriodSeconds", DEFAULT_DRAIN_GRACE_SECONDS),
+        drain_grace_seconds=spec.integer("drainGracePeriodSeconds", required=True),
         opus_workers=_workers(spec, "opusWorkers", MAX_OPUS_WORKERS),
         intake_workers=_workers(spec, "intakeWorkers", MAX_INTAKE_WORKERS),
         engine_process=spec.boolean("engineProcess"),
@@ -191,12 +186,13 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
         tolerations=spec.objects("tolerations"),
         affinity=spec.mapping("affinity"),
         priority_class=spec.text("priorityClassName"),
-        autoscaling=_autoscaling(spec.section("autoscaling"), slots_per_pod),
+        autoscaling=_autoscaling(schema.section(spec, "autoscaling", schema.pool_spec()),
+                                 slots_per_pod),
         api_keys=_secret(spec.section("auth"), "apiKeysSecret", "keys.yaml"),
         pod_token=_secret(spec.section("auth"), "podTokenSecret", "token"),
         rollout=_rollout(spec.section("rollout")),
         disruption_budget=_disruption_budget(spec.section("disruptionBudget")),
-        **_resources(spec.section("resources")),
+        **_resources(schema.section(spec, "resources", schema.pool_spec())),
     )
     if spec.get("opusWorkers") is None:
         cores = _cores(spec.section("resources"), pool.cpu)
@@ -227,7 +223,7 @@ def _workers(spec: specs.Section, field: str, most: int) -> int:
 
 
 def _dtype(spec: specs.Section) -> str:
-    value = spec.get("dtype") or DEFAULT_DTYPE
+    value = spec.get("dtype")
     if value not in dtypes.DTYPES:
         raise spec.error("dtype", f"must be one of {', '.join(dtypes.DTYPES)}, got {value!r}")
     return str(value)
@@ -349,7 +345,11 @@ def _slots_per_pod(spec: specs.Section, measured: int | None) -> int:
         raise spec.error("slotsPerPod", f"must be an integer or {AUTO}, got "
                          f"{spec.get('slotsPerPod')!r}")
     if spec.get("slotsPerPod") != AUTO:
-        return spec.integer("slotsPerPod", DEFAULT_SLOTS_PER_POD, minimum=1)
+        slots = spec.integer("slotsPerPod", required=True, minimum=1)
+        if slots > limits.MAX_SLOTS_PER_POD:  # the CRD's rule, which a schema check skips
+            raise spec.error("slotsPerPod", f"must be a whole number from 1 to "
+                                            f"{limits.MAX_SLOTS_PER_POD}, or {AUTO}")
+        return slots
     if measured:
         return measured
     return max(1, spec.integer("slots"))
@@ -361,9 +361,9 @@ def _autoscaling(scaling: specs.Section, slots_per_pod: int) -> Autoscaling:
         enabled=scaling.boolean("enabled"),
         min_slots=scaling.integer("minSlots", slots_per_pod),
         max_slots=scaling.integer("maxSlots", 0),
-        target_free_fraction=_number(scaling, "targetFreeFraction", 0.25),
-        scale_up_seconds=_number(scaling, "scaleUpStabilizationSeconds", 0.0),
-        scale_down_seconds=_number(scaling, "scaleDownStabilizationSeconds", 300.0),
+        target_free_fraction=_number(scaling, "targetFreeFraction"),
+        scale_up_seconds=_number(scaling, "scaleUpStabilizationSeconds"),
+        scale_down_seconds=_number(scaling, "scaleDownStabilizationSeconds"),
         behavior=_behavior(scaling.section("behavior")),
     )
 
@@ -395,8 +395,8 @@ def _policy(policy: specs.Section) -> ScalingPolicy:
 
 def _resources(resources: specs.Section) -> dict[str, Any]:
     return {
-        "gpus": resources.integer("gpus", 1),
-        "gpu_resource": resources.text("gpuResourceName") or DEFAULT_GPU_RESOURCE,
+        "gpus": resources.integer("gpus", required=True),
+        "gpu_resource": resources.text("gpuResourceName", required=True),
         "cpu": _quantity(resources, "cpu"),
         "memory": _quantity(resources, "memory"),
     }
@@ -428,8 +428,9 @@ def _secret(auth: specs.Section, field: str, default_key: str) -> SecretKey | No
     return SecretKey(name=ref.text("name", required=True), key=ref.text("key") or default_key)
 
 
-def _number(section: specs.Section, field: str, default: float) -> float:
-    value = section.get(field, default)
+def _number(section: specs.Section, field: str) -> float:
+    """A number the CRD gives a default (so it is there)."""
+    value = section.get(field)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise section.error(field, f"must be a non-negative number, got {value!r}")
     return float(value)

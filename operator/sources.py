@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from asrpool.common import weights
-from asrpool.operator import specs
+from asrpool.operator import schema, specs
 
 MODEL_DIR = "/var/lib/asrpool/model"  # a volume's checkpoint directory, in the server
 CACHE_DIR = "/var/cache/asrpool"  # a repo's cache, in the init container and the server
@@ -35,16 +35,14 @@ CACHE_KINDS = ("emptyDir", "hostPath", "persistentVolumeClaim")
 DEFAULT_CACHE_SIZE = "20Gi"  # stt-2.6b-en is about 6 GB
 NODE_CACHE_ROOT = "/var/cache/asrpool"  # a node's caches: one folder per namespace
 OWNER_CONTAINER = "cache-owner"
-DEFAULT_LOAD_TIMEOUT_SECONDS = 600
 STARTUP_PROBE_PERIOD = 5
-DEFAULT_TOKEN_KEY = "token"
 Child = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class Token:
     secret: str
-    key: str = DEFAULT_TOKEN_KEY
+    key: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,20 +54,20 @@ class Volume:
 
 @dataclasses.dataclass(frozen=True)
 class Cache:
-    kind: str = "emptyDir"
-    size_limit: str = DEFAULT_CACHE_SIZE
-    path: str = NODE_CACHE_ROOT
-    claim_name: str = ""
+    kind: str
+    size_limit: str
+    path: str
+    claim_name: str
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
-    name: str = ""  # a preset, a repo id or a path in the image; "" for a volume
-    revision: str = ""
-    token: Token | None = None
-    volume: Volume | None = None
-    cache: Cache = Cache()
-    load_timeout_seconds: int = DEFAULT_LOAD_TIMEOUT_SECONDS
+    name: str  # a preset, a repo id or a path in the image; "" for a volume
+    revision: str
+    token: Token | None
+    volume: Volume | None
+    cache: Cache
+    load_timeout_seconds: int
 
     @property
     def kind(self) -> weights.Kind | None:
@@ -99,8 +97,9 @@ def read(model: specs.Section, namespace: str) -> ModelSource:
         name=model.text("name"), revision=model.text("revision"),
         token=_token(model.optional_section("tokenSecret", got=False)),
         volume=_volume(model.optional_section("volume", got=False)),
-        cache=_cache(model.section("cache", got=False), namespace),
-        load_timeout_seconds=_seconds(model, "loadTimeoutSeconds", DEFAULT_LOAD_TIMEOUT_SECONDS))
+        cache=_cache(schema.section(model, "cache", schema.at(schema.pool_spec(), "model"),
+                                    got=False), namespace),
+        load_timeout_seconds=_seconds(model, "loadTimeoutSeconds"))
     _check(source, model)
     return source
 
@@ -124,7 +123,7 @@ def _described(source: ModelSource) -> str:
 def _token(ref: specs.Section | None) -> Token | None:
     if ref is None:
         return None
-    return Token(ref.text("name", required=True), ref.text("key") or DEFAULT_TOKEN_KEY)
+    return Token(ref.text("name", required=True), ref.text("key", required=True))
 
 
 def _volume(ref: specs.Section | None) -> Volume | None:
@@ -142,7 +141,7 @@ def _volume(ref: specs.Section | None) -> Volume | None:
 
 
 def _cache(ref: specs.Section, namespace: str) -> Cache:
-    cache = Cache(kind=ref.text("type") or "emptyDir",
+    cache = Cache(kind=ref.text("type", required=True),
                   size_limit=str(ref.get("sizeLimit") or DEFAULT_CACHE_SIZE),
                   path=ref.text("path") or f"{NODE_CACHE_ROOT}/{namespace}",
                   claim_name=ref.text("claimName"))
@@ -154,8 +153,8 @@ def _cache(ref: specs.Section, namespace: str) -> Cache:
     return cache
 
 
-def _seconds(model: specs.Section, field: str, default: int) -> int:
-    value = model.get(field, default)
+def _seconds(model: specs.Section, field: str) -> int:
+    value = model.get(field)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise model.error(field, f"must be a positive integer, got {value!r}")
     return value

@@ -14,7 +14,7 @@ import sys
 from typing import Any, NoReturn
 
 PROG = "asrpool plan"
-DEFAULT_MAX_SLOTS = 10_000_000  # no ceiling unless given (the CRD's own is CRD_MAX_SLOTS)
+DEFAULT_MAX_SLOTS = 10_000_000  # no ceiling unless given (the CRD's own: spec.slots' maximum)
 
 
 def _positive(kind: type) -> Any:

@@ -14,10 +14,9 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asrpool.common import limits
+from asrpool.operator import schema
 from asrpool.plan import simulating
-
-CRD_MAX_SLOTS = 100_000  # spec.slots and autoscaling.maxSlots in the CRD
-CRD_MAX_SLOTS_PER_POD = 1024  # spec.slotsPerPod in the CRD
 
 
 def summary(outcome: simulating.Outcome, price: float, label: str = "") -> dict[str, Any]:
@@ -87,12 +86,13 @@ def notes(out: dict[str, Any], plan: simulating.Plan) -> list[str]:
         found.append(f"{out['streams_cut']} streams were cut when their drained pod's grace "
                      f"({plan.pool.drain_grace_seconds} s) ran out: raise "
                      "drainGracePeriodSeconds or the scale-down window")
-    if out["peak_slots"] > CRD_MAX_SLOTS:
+    most_slots = schema.at(schema.pool_spec(), "slots")["maximum"]
+    if out["peak_slots"] > most_slots:
         found.append(f"the pool peaked at {out['peak_slots']} slots, over the CRD's "
-                     f"{CRD_MAX_SLOTS} per pool: split the traffic across pools")
-    if plan.pool.slots_per_pod > CRD_MAX_SLOTS_PER_POD:
+                     f"{most_slots} per pool: split the traffic across pools")
+    if plan.pool.slots_per_pod > limits.MAX_SLOTS_PER_POD:
         found.append(f"{plan.pool.slots_per_pod} slots per pod is over the CRD's "
-                     f"slotsPerPod maximum of {CRD_MAX_SLOTS_PER_POD}")
+                     f"slotsPerPod maximum of {limits.MAX_SLOTS_PER_POD}")
     return found
 
 

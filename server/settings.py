@@ -17,7 +17,7 @@ from asrpool.server import decoding
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
 
-MAX_BATCH_SIZE = 4096
+MAX_BATCH_SIZE = limits.MAX_SLOTS_PER_POD
 GPU_INTAKE_WORKERS = limits.GPU_INTAKE_WORKERS
 
 
@@ -53,8 +53,8 @@ class ServerSettings(redis_clients.RedisSettings, logs.LogSettings, limits.Limit
         default=64.0, gt=0, le=80, description="with --batch-size auto: the p99 step "
         "(every slot busy) that the chosen batch keeps within")
     auto_max_batch: int = pydantic.Field(
-        default=1024, ge=1, le=4096, description="with --batch-size auto: the largest batch "
-        "tried")
+        default=1024, ge=1, le=MAX_BATCH_SIZE,
+        description="with --batch-size auto: the largest batch tried")
     auto_seconds: float = pydantic.Field(
         default=60.0, gt=0, description="with --batch-size auto: how long the search may "
         "take (the largest batch within budget by then is served)")

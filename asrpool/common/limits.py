@@ -50,6 +50,9 @@ from asrpool.common import bodies, browsers, framing, protocol, rates
 # pool's intakeWorkers unset): at 1,024 paced streams two kept the pod's event loop under
 # 20 us per stream-step (bench server --intake-workers 2).
 GPU_INTAKE_WORKERS = 2
+# A pod's slots at most: the server's --batch-size, and a pool's slotsPerPod (the CRD's
+# rule states it, and a test holds the two equal).
+MAX_SLOTS_PER_POD = 4096
 
 DEFAULT_MAX_HEAD_BYTES = 32 << 10
 DEFAULT_MAX_HEADERS = 100  # as hyper (moshi-server's HTTP stack)

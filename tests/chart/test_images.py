@@ -322,6 +322,8 @@ def test_the_build_context_the_dockerfiles_copy_builds_the_wheel(tmp_path: Path)
         assert f"{package.replace('.', '/')}/__init__.py" in names, package
     assert any(name.startswith("asrpool/router/static/") for name in names)
     assert "asrpool/bench/results/capacity-stt-1b-en_fr-cuda.json" in names  # asrpool plan's
+    assert "asrpool/crds/streamingasrpools.asrpool.io.yaml" in names  # the operator's defaults
+    assert not any(name.startswith("asrpool/crds/examples/") for name in names)
 
 
 def _taken_back_below(folder: str) -> bool:

@@ -10,7 +10,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asrpool.operator import naming, pools, sources, specs
+from asrpool.common import limits
+from asrpool.operator import naming, pools, schema, specs
+from asrpool.server import settings as server_settings
 from tests.operator import schemas
 
 
@@ -121,11 +123,26 @@ def _defaults(node: dict[str, Any]) -> dict[str, Any]:
             if "default" in child}
 
 
+def test_the_operator_reads_the_crd_of_this_repository() -> None:
+    """The wheel's copy (package data asrpool.crds) is the file in crds/."""
+    assert schema.pool_spec() == schemas.openapi(schemas.load_crd())["properties"]["spec"]
+
+
+def test_the_crd_bounds_slots_per_pod_as_the_server_does() -> None:
+    """One bound for a pod's slots: the CRD's CEL rule states limits.MAX_SLOTS_PER_POD,
+    which the server's --batch-size and the operator's own check take."""
+    (rule,) = schema.at(schema.pool_spec(), "slotsPerPod")["x-kubernetes-validations"]
+    most = limits.MAX_SLOTS_PER_POD
+    assert f"self <= {most} :" in rule["rule"]
+    assert f"from 1 to {most}, or auto" in rule["message"]
+    assert most == server_settings.MAX_BATCH_SIZE
+
+
 def test_the_operator_uses_the_crd_defaults() -> None:
     """An API server that skipped defaulting would get the same children."""
     spec = schemas.openapi(schemas.load_crd())["properties"]["spec"]
-    given = pools.from_body({"metadata": {"name": "p"}, "spec": {"model": {"name": "tiny"},
-                                                                 "slots": 1}})
+    given = pools.from_body({"metadata": {"name": "p"}, "spec": {
+        "model": {"name": "kyutai/stt-1b-en_fr", "tokenSecret": {"name": "hf"}}, "slots": 1}})
     assert _defaults(spec) == {
         "slotsPerPod": given.slots_per_pod, "context": given.context,
         "imagePullPolicy": given.image_pull_policy, "drainGracePeriodSeconds":
@@ -137,7 +154,8 @@ def test_the_operator_uses_the_crd_defaults() -> None:
         "loadTimeoutSeconds": given.source.load_timeout_seconds}
     assert _defaults(model["cache"]) == {"type": given.source.cache.kind}
     assert model["cache"]["properties"]["sizeLimit"].get("default") is None  # the operator's
-    assert _defaults(model["tokenSecret"]) == {"key": sources.DEFAULT_TOKEN_KEY}
+    assert given.source.token is not None
+    assert _defaults(model["tokenSecret"]) == {"key": given.source.token.key}
     assert _defaults(spec["properties"]["resources"]) == {
         "gpus": given.gpus, "gpuResourceName": given.gpu_resource}
     scaling = _defaults(spec["properties"]["autoscaling"])
@@ -179,3 +197,24 @@ def test_the_crd_takes_the_one_dtype_vocabulary() -> None:
         models.resolve_dtype(dtype, "cpu")  # each one loads
     with pytest.raises(models.ModelError, match="expected one of auto, bfloat16"):
         models.resolve_dtype("int8", "cpu")
+
+
+@pytest.mark.parametrize(("written", "expected"), [
+    ({}, {"a": 1, "o": {"b": 2}, "n": 7}),  # a left-out object with a default, defaulted inside
+    ({"a": None}, {"a": 1, "o": {"b": 2}, "n": 7}),  # null where not nullable: the default
+    ({"n": None}, {"a": 1, "o": {"b": 2}, "n": None}),  # nullable: null stays
+    ({"a": 5, "o": {"b": 6}, "n": 0}, {"a": 5, "o": {"b": 6}, "n": 0}),  # written values stay
+    ({"n": 0, "l": [{}, {"c": 0}]}, {"a": 1, "o": {"b": 2}, "n": 0,
+                                     "l": [{"c": 3}, {"c": 0}]}),  # each item
+    ({"n": 0, "p": {}}, {"a": 1, "o": {"b": 2}, "n": 0, "p": {"d": 4}}),  # written only
+    ({"n": 0, "a": "x", "l": "y"}, {"a": "x", "o": {"b": 2}, "n": 0, "l": "y"}),  # as written
+])
+def test_defaults_apply_as_the_api_server_applies_them(
+        written: dict[str, Any], expected: dict[str, Any]) -> None:
+    node = {"properties": {
+        "a": {"type": "integer", "default": 1},
+        "o": {"type": "object", "default": {}, "properties": {"b": {"default": 2}}},
+        "n": {"type": "integer", "nullable": True, "default": 7},
+        "l": {"type": "array", "items": {"properties": {"c": {"default": 3}}}},
+        "p": {"type": "object", "properties": {"d": {"default": 4}}}}}
+    assert schema.defaulted(node, written) == expected
