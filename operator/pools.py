@@ -4,7 +4,7 @@ The CRD's schema rejects most bad input at the API server. What it cannot see (a
 that needs more GPUs than it may use, autoscaling bounds out of order, a name too long
 for its children) is checked here, and :class:`~asrpool.operator.specs.InvalidSpec`
 says what to fix (the fields are read by :mod:`~asrpool.operator.specs`). The CRD's
-defaults are applied first, from the CRD itself (:mod:`~asrpool.operator.schema`):
+defaults are applied first, from the CRD itself (:mod:`~asrpool.common.crd`):
 an API server that skipped defaulting, or an older CRD, must not change what the
 operator builds, and no default is written twice. The defaults here are those the CRD
 leaves to the operator (it says so in its descriptions).
@@ -18,8 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from asrpool.common import dtypes, limits
-from asrpool.operator import naming, schema, sources, specs, templates
+from asrpool.common import crd, dtypes, limits
+from asrpool.operator import naming, sources, specs, templates
 
 MAX_NAME_LENGTH = 50  # children are named after the pool; label values stop at 63
 AUTO = "auto"
@@ -158,7 +158,7 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
     :class:`~asrpool.operator.specs.InvalidSpec`. ``measured_slots``: the slots its live
     pods measured for themselves (``slotsPerPod: auto``), if any reported."""
     meta = body.get("metadata", {})
-    spec = specs.Section("spec", schema.defaulted(schema.pool_spec(), body.get("spec") or {}))
+    spec = specs.Section("spec", crd.defaulted(crd.pool_spec(), body.get("spec") or {}))
     namespace = str(meta.get("namespace") or "default")
     source, template = _model(spec, namespace), templates.read(spec)
     auto = spec.get("slotsPerPod") == AUTO
@@ -186,13 +186,13 @@ def from_body(body: Mapping[str, Any], measured_slots: int | None = None) -> Poo
         tolerations=spec.objects("tolerations"),
         affinity=spec.mapping("affinity"),
         priority_class=spec.text("priorityClassName"),
-        autoscaling=_autoscaling(schema.section(spec, "autoscaling", schema.pool_spec()),
+        autoscaling=_autoscaling(spec.defaulted("autoscaling", crd.pool_spec()),
                                  slots_per_pod),
         api_keys=_secret(spec.section("auth"), "apiKeysSecret", "keys.yaml"),
         pod_token=_secret(spec.section("auth"), "podTokenSecret", "token"),
         rollout=_rollout(spec.section("rollout")),
         disruption_budget=_disruption_budget(spec.section("disruptionBudget")),
-        **_resources(schema.section(spec, "resources", schema.pool_spec())),
+        **_resources(spec.defaulted("resources", crd.pool_spec())),
     )
     if spec.get("opusWorkers") is None:
         cores = _cores(spec.section("resources"), pool.cpu)

@@ -22,8 +22,8 @@ import dataclasses
 import math
 from typing import Any
 
-from asrpool.common import weights
-from asrpool.operator import schema, specs
+from asrpool.common import crd, weights
+from asrpool.operator import specs
 
 MODEL_DIR = "/var/lib/asrpool/model"  # a volume's checkpoint directory, in the server
 CACHE_DIR = "/var/cache/asrpool"  # a repo's cache, in the init container and the server
@@ -97,8 +97,8 @@ def read(model: specs.Section, namespace: str) -> ModelSource:
         name=model.text("name"), revision=model.text("revision"),
         token=_token(model.optional_section("tokenSecret", got=False)),
         volume=_volume(model.optional_section("volume", got=False)),
-        cache=_cache(schema.section(model, "cache", schema.at(schema.pool_spec(), "model"),
-                                    got=False), namespace),
+        cache=_cache(model.defaulted("cache", crd.at(crd.pool_spec(), "model"), got=False),
+                     namespace),
         load_timeout_seconds=_seconds(model, "loadTimeoutSeconds"))
     _check(source, model)
     return source

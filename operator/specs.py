@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from asrpool.common import crd
+
 
 class InvalidSpec(ValueError):
     """The pool cannot be built as written; the message names the field and the fix."""
@@ -99,6 +101,13 @@ class Section:
         if not isinstance(value, Mapping):
             raise self.error(field, "must be an object" + _got(got, type(value).__name__))
         return Section(self.at(field), value)
+
+    def defaulted(self, field: str, schema: crd.Schema, *, got: bool = True) -> Section:
+        """An object the spec may leave out, read with its own fields' defaults all the
+        same (``schema`` is this section's): what the operator assumes of it when it is
+        absent, where the API server defaults inside an object only where it is written."""
+        read = self.section(field, got=got)
+        return Section(read.path, crd.defaulted(crd.at(schema, field), read.raw))
 
     def mapping(self, field: str) -> dict[str, Any]:
         """An object passed through as it is (a copy): ``nodeSelector``, ``affinity``."""

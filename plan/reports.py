@@ -14,8 +14,7 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from asrpool.common import limits
-from asrpool.operator import schema
+from asrpool.common import crd, limits
 from asrpool.plan import simulating
 
 
@@ -86,7 +85,7 @@ def notes(out: dict[str, Any], plan: simulating.Plan) -> list[str]:
         found.append(f"{out['streams_cut']} streams were cut when their drained pod's grace "
                      f"({plan.pool.drain_grace_seconds} s) ran out: raise "
                      "drainGracePeriodSeconds or the scale-down window")
-    most_slots = schema.at(schema.pool_spec(), "slots")["maximum"]
+    most_slots = crd.at(crd.pool_spec(), "slots")["maximum"]
     if out["peak_slots"] > most_slots:
         found.append(f"the pool peaked at {out['peak_slots']} slots, over the CRD's "
                      f"{most_slots} per pool: split the traffic across pools")

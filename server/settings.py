@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 
 import pydantic
 
-from asrpool.common import dtypes, limits, logs, protocol, redis_clients, registry
+from asrpool.common import (
+    crd,
+    dtypes,
+    limits,
+    logs,
+    protocol,
+    redis_clients,
+    registry,
+    settings_cli,
+)
 from asrpool.server import decoding
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
@@ -43,8 +52,10 @@ class ServerSettings(redis_clients.RedisSettings, logs.LogSettings, limits.Limit
         default="tiny", description="tiny | small | stt-1b-en_fr | stt-2.6b-en | <dir> | <hf repo>")
     model_revision: str | None = pydantic.Field(
         default=None, description="Hugging Face revision of --model (branch, tag or commit)")
-    batch_size: SlotsOrAuto = pydantic.Field(
-        default=8, description="stream slots (rows of the batched engine); auto: the largest "
+    batch_size: SlotsOrAuto = pydantic.Field(  # a pool's slotsPerPod default, from its CRD
+        default_factory=lambda: crd.default(crd.pool_spec(), "slotsPerPod"),
+        json_schema_extra={settings_cli.SHOW_DEFAULT: True},
+        description="stream slots (rows of the batched engine); auto: the largest "
         "batch whose step the pod measures within --auto-step-budget-ms at start-up")
     # --batch-size auto (server.sizing): what the measured step may take of a frame's 80
     # ms (the rest is the host's: hand-over, intake, delivery), the largest batch tried,

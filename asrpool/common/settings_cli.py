@@ -137,6 +137,10 @@ def environment_name(settings_class: SettingsClass, field_name: str) -> str:
     return (str(settings_class.model_config.get("env_prefix", "")) + field_name).upper()
 
 
+# A field whose default_factory reads a fixed value (not the machine's), which --help shows.
+SHOW_DEFAULT = "show_default"
+
+
 def help_text(settings_class: SettingsClass, field_name: str) -> str:
     """The field's description, its default (unless computed) and its variable."""
     import pydantic_core
@@ -148,6 +152,8 @@ def help_text(settings_class: SettingsClass, field_name: str) -> str:
     text = field.description
     if field.default not in (None, pydantic_core.PydanticUndefined):
         text += f" (default: {field.default})"
+    elif isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(SHOW_DEFAULT):
+        text += f" (default: {field.get_default(call_default_factory=True)})"
     return f"{text} [{environment_name(settings_class, field_name)}]".replace("%", "%%")
 
 

@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asrpool.common import limits
-from asrpool.operator import naming, pools, schema, specs
+from asrpool.common import crd, limits
+from asrpool.operator import naming, pools, specs
 from asrpool.server import settings as server_settings
 from tests.operator import schemas
 
@@ -30,13 +30,13 @@ def test_the_rbac_passes_kubernetes_validate_strict() -> None:
 
 
 def test_the_crd_names_what_the_operator_watches() -> None:
-    crd = schemas.load_crd()
-    names = crd["spec"]["names"]
-    assert crd["metadata"]["name"] == f"{naming.PLURAL}.{naming.GROUP}"
-    assert (crd["spec"]["group"], names["kind"], names["plural"]) == (
+    definition = schemas.load_crd()
+    names = definition["spec"]["names"]
+    assert definition["metadata"]["name"] == f"{naming.PLURAL}.{naming.GROUP}"
+    assert (definition["spec"]["group"], names["kind"], names["plural"]) == (
         naming.GROUP, naming.KIND, naming.PLURAL)
     assert names["shortNames"] == ["asrpool"]
-    assert schemas.version(crd)["name"] == naming.VERSION
+    assert schemas.version(definition)["name"] == naming.VERSION
 
 
 def test_scale_maps_replicas_to_slots_with_a_selector() -> None:
@@ -50,10 +50,11 @@ def test_status_is_a_subresource() -> None:
 
 
 def test_printer_columns_point_at_fields_of_the_schema() -> None:
-    crd = schemas.load_crd()
-    columns = {c["name"]: c["jsonPath"] for c in schemas.version(crd)["additionalPrinterColumns"]}
+    definition = schemas.load_crd()
+    columns = {column["name"]: column["jsonPath"]
+               for column in schemas.version(definition)["additionalPrinterColumns"]}
     assert {"Slots", "Free", "Ready", "Age"} <= set(columns)
-    paths = {path for path, _ in schemas.walk(schemas.openapi(crd))}
+    paths = {path for path, _ in schemas.walk(schemas.openapi(definition))}
     for name, json_path in columns.items():
         if not json_path.startswith(".metadata"):
             assert re.sub(r"\[\?.*?\]", "[]", json_path) in paths, name
@@ -125,13 +126,13 @@ def _defaults(node: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_operator_reads_the_crd_of_this_repository() -> None:
     """The wheel's copy (package data asrpool.crds) is the file in crds/."""
-    assert schema.pool_spec() == schemas.openapi(schemas.load_crd())["properties"]["spec"]
+    assert crd.pool_spec() == schemas.openapi(schemas.load_crd())["properties"]["spec"]
 
 
 def test_the_crd_bounds_slots_per_pod_as_the_server_does() -> None:
     """One bound for a pod's slots: the CRD's CEL rule states limits.MAX_SLOTS_PER_POD,
     which the server's --batch-size and the operator's own check take."""
-    (rule,) = schema.at(schema.pool_spec(), "slotsPerPod")["x-kubernetes-validations"]
+    (rule,) = crd.at(crd.pool_spec(), "slotsPerPod")["x-kubernetes-validations"]
     most = limits.MAX_SLOTS_PER_POD
     assert f"self <= {most} :" in rule["rule"]
     assert f"from 1 to {most}, or auto" in rule["message"]
@@ -217,4 +218,4 @@ def test_defaults_apply_as_the_api_server_applies_them(
         "n": {"type": "integer", "nullable": True, "default": 7},
         "l": {"type": "array", "items": {"properties": {"c": {"default": 3}}}},
         "p": {"type": "object", "properties": {"d": {"default": 4}}}}}
-    assert schema.defaulted(node, written) == expected
+    assert crd.defaulted(node, written) == expected

@@ -5,7 +5,8 @@ The API server fills a pool's left-out fields from the CRD's ``default``\\ s; an
 server that did not (an older CRD, a pool stored before a default was added) must not
 change what the operator builds. So the operator applies the same defaults from the same
 CRD, which the wheel carries as package data (``asrpool.crds``): each default is written
-once, in the CRD, and :mod:`~asrpool.operator.pools` reads a spec already defaulted.
+once, in the CRD, and :mod:`~asrpool.operator.pools` reads a spec already defaulted. The
+server's own ``--batch-size`` default is the pool's ``slotsPerPod`` default, from here.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-
-from asrpool.operator import specs
 
 CRD_PACKAGE = "asrpool.crds"
 CRD_FILE = "streamingasrpools.asrpool.io.yaml"
@@ -58,15 +57,6 @@ def defaulted(schema: Schema, value: Any) -> Any:
     if isinstance(value, list) and "items" in schema:
         return [defaulted(schema["items"], item) for item in value]
     return value
-
-
-def section(parent: specs.Section, field: str, parent_schema: Schema, *,
-            got: bool = True) -> specs.Section:
-    """An object the spec may leave out, read with its own fields' defaults all the same:
-    what the operator assumes of it when it is absent (the API server defaults inside an
-    object only where the object is written)."""
-    read = parent.section(field, got=got)
-    return specs.Section(read.path, defaulted(at(parent_schema, field), read.raw))
 
 
 def _own(child: Schema, name: str, value: Mapping[str, Any]) -> Any:
