@@ -11,9 +11,7 @@ import contextlib
 import itertools
 import json
 import shutil
-import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -59,26 +57,35 @@ async def open_page(url: str, microphone_wav: Path) -> AsyncIterator[Page]:
     # Chromium's helpers (renderer, crashpad) outlive its main process for a moment and
     # keep writing the profile: the whole group is stopped before the profile goes, and
     # a file one of them still adds meanwhile does not fail the test.
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
-        process = subprocess.Popen(
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:
+        profile = Path(folder) / "profile"
+        browser = processes.spawn(
+            "chromium",
             [binary, *FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
              f"--use-file-for-fake-audio-capture={microphone_wav}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            Path(folder) / "chromium.log")
         try:
-            debugger = await asyncio.to_thread(_page_debugger_url, port, url)
+            debugger = await asyncio.to_thread(_page_debugger_url, browser, port, url)
             async with connect(debugger, max_size=None) as socket:
                 yield Page(socket)
         finally:
-            await asyncio.to_thread(processes.terminate, process, 10.0)
+            await asyncio.to_thread(browser.stop, 10.0)
 
 
-def _page_debugger_url(port: int, url: str, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with (contextlib.suppress(OSError, ValueError),
+def _page_debugger_url(browser: processes.Child, port: int, url: str,
+                       timeout: float = 30.0) -> str:
+    found: list[str] = []
+
+    def opened() -> bool:
+        with (contextlib.suppress(ValueError),
               urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list") as response):
-            for target in json.load(response):
-                if target.get("type") == "page" and target.get("url", "").startswith(url):
-                    return str(target["webSocketDebuggerUrl"])
-        time.sleep(0.2)
-    raise RuntimeError("chromium did not open the page in time")
+            found.extend(str(target["webSocketDebuggerUrl"]) for target in json.load(response)
+                         if target.get("type") == "page"
+                         and target.get("url", "").startswith(url))
+        return bool(found)
+
+    try:
+        processes.wait_until(opened, timeout, "chromium's page", [browser])
+    except processes.StartError as exc:
+        raise RuntimeError(f"chromium did not open the page in time: {exc}") from None
+    return found[0]
