@@ -16,6 +16,7 @@ Readiness comes from each pod's ``/readyz``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from asrpool.common import processes
 from asrpool.operator import kube, naming
 from asrpool_harness.localcluster import podspecs
 from tests.operator import emulator
@@ -39,9 +41,16 @@ HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 class RunningPod:
     name: str
     ip: str
-    process: subprocess.Popen[bytes]
-    log: Path
+    child: processes.Child
     grace: float
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
+    @property
+    def log(self) -> Path:
+        return self.child.log
 
     def ready(self) -> bool:
         try:
@@ -89,11 +98,9 @@ class Kubelet:
         env = self.environment(container, name, ip)
         log = self.workdir / f"{name}.log"
         command = [sys.executable, "-m", "asrpool.cli", *container["command"][1:]]
-        with log.open("ab") as out:
-            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                       cwd=self.workdir)
+        child = processes.spawn(f"pod {name}", command, log, env=env, cwd=self.workdir)
         grace = float(pod["spec"]["terminationGracePeriodSeconds"])
-        self.running[name] = RunningPod(name, ip, process, log, grace)
+        self.running[name] = RunningPod(name, ip, child, grace)
 
     def environment(self, container: Mapping[str, Any], pod_name: str, ip: str) -> dict[str, str]:
         """The container's environment, resolved as the local node agent resolves it."""
@@ -133,11 +140,10 @@ class Kubelet:
             if pod.process.poll() is None:
                 pod.process.send_signal(signal.SIGTERM)
         for pod in pods:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 pod.process.wait(timeout=pod.grace)
-            except subprocess.TimeoutExpired:
-                pod.process.kill()
-                pod.process.wait()
+            if pod.child.alive():
+                pod.child.stop(0)  # SIGKILL, its group too
 
 
 def _cheapest_first(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from asrpool.common import settings_cli
+from asrpool.common import processes, settings_cli
 from asrpool.operator import cli, running, settings
 from tests.operator import checks, emulator
 from tests.support import polling, redis_servers
@@ -117,19 +117,21 @@ async def test_the_command_runs_the_operator_until_sigterm(
     cluster: emulator.Cluster, redis_server: redis_servers.RedisServer, tmp_path: Path
 ) -> None:
     """``asrpool operator`` as a process: flags, kopf.run, handlers, signal handling."""
-    log = (tmp_path / "operator.log").open("wb")
-    process = subprocess.Popen(
+    operator = processes.spawn(
+        "asrpool operator",
         [sys.executable, "-m", "asrpool.cli", "operator", "--namespace", emulator.NAMESPACE,
          "--kube-api-url", cluster.url, "--redis-url", redis_server.url, "--log-level",
-         "warning"], stdout=log, stderr=subprocess.STDOUT)
+         "warning"], tmp_path / "operator.log")
     try:
-        await cluster.create(checks.manifest())
-        await polling.eventually(lambda: checks.children_of(cluster), 60)
+        try:
+            await cluster.create(checks.manifest())
+            await polling.eventually(lambda: checks.children_of(cluster), 60)
+        finally:
+            operator.process.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(operator.process.wait, 60)
     finally:
-        process.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(process.wait, 60)
-        log.close()
-    assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]
+        await asyncio.to_thread(operator.stop, 10)  # what a failed wait left running
+    assert code == 0, operator.log.read_text()[-3000:]
 
 
 def test_messages_never_show_the_redis_password() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import subprocess
 import sys
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from asrpool.common import registry
+from asrpool.common import processes, registry
 from asrpool.common.processes import free_port
 from asrpool.operator import kube, naming
 from tests.operator import checks, emulator, kubelet
@@ -40,18 +39,16 @@ log = logging.getLogger(__name__)
 @pytest.fixture
 def router(redis_server: redis_servers.RedisServer, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    log = (tmp_path / "router.log").open("ab")
-    process = subprocess.Popen(
+    route = processes.spawn(
+        "asrpool route",
         [sys.executable, "-m", "asrpool.cli", "route", "--redis-url", redis_server.url,
          "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
          "--pool-namespace", NS],  # as the chart sets it
-        stdout=log, stderr=subprocess.STDOUT)
+        tmp_path / "router.log")
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+        route.stop(30)
 
 
 @pytest.fixture
