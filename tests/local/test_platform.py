@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ import msgpack
 import pytest
 from websockets.asyncio.client import connect
 
-from asrpool.common import auth
+from asrpool.common import auth, processes
 from asrpool.common.processes import free_port
-from tests.support import processes, servers
+from tests.support import servers
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "hello.wav"
@@ -46,22 +47,25 @@ def test_demo_prints_the_transcript_of_the_pods_batch_size() -> None:
 
 
 class UpProcess:
-    def __init__(self, policy: str) -> None:
+    def __init__(self, policy: str, workdir: Path) -> None:
         self.port = free_port()
-        self.process = subprocess.Popen(
+        self.child = processes.spawn(
+            "asrpool up",
             [sys.executable, "-m", "asrpool.cli", "up", "--pods", "2", "--slots-per-pod", "2",
-             "--port", str(self.port), "--policy", policy],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--port", str(self.port), "--policy", policy], workdir / "up.log")
+        self.process = self.child.process
 
     def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.stderr.read()  # type: ignore[union-attr]
+        def ready() -> bool:
             pools = self.pools()
-            if pools and len(pools.get("default", {}).get("pods", [])) == 2:
-                return
-            time.sleep(0.3)
-        raise AssertionError("asrpool up did not start in time")
+            return bool(pools and len(pools.get("default", {}).get("pods", [])) == 2)
+
+        try:
+            processes.wait_until(ready, timeout, "asrpool up", [self.child], period=0.3)
+        except processes.StartError as exc:
+            if self.process.poll() is not None:
+                raise AssertionError(self.child.log.read_text(errors="replace")) from None
+            raise AssertionError("asrpool up did not start in time") from exc
 
     def pools(self) -> dict[str, Any] | None:
         try:
@@ -70,11 +74,9 @@ class UpProcess:
         except OSError:
             return None
 
-    def stream(self, rtf: str = "1.0") -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "asrpool.cli", "stream", f"ws://127.0.0.1:{self.port}",
-             str(SAMPLE), "--rtf", rtf, "--json"], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+    def stream(self, rtf: str = "1.0") -> subprocess.CompletedProcess[str]:
+        return _asrpool("stream", f"ws://127.0.0.1:{self.port}", str(SAMPLE), "--rtf", rtf,
+                        "--json", timeout=120)
 
 
 def _sessions_per_pod(up: UpProcess) -> list[int]:
@@ -84,41 +86,44 @@ def _sessions_per_pod(up: UpProcess) -> list[int]:
 
 @pytest.mark.parametrize(("policy", "expected"), [("spread", [1, 1]), ("pack", [0, 2])])
 def test_up_places_streams_per_policy_and_ctrl_c_leaves_nothing(
-    policy: str, expected: list[int]
+    policy: str, expected: list[int], tmp_path: Path
 ) -> None:
-    up = UpProcess(policy)
+    up = UpProcess(policy, tmp_path)
     try:
         up.wait_ready()
         tree = processes.descendants(up.process.pid)
         assert len(tree) >= 4  # redis, two pods, a router (and their helpers)
-        clients = [up.stream(), up.stream()]
-        deadline = time.monotonic() + 30
-        while sum(_sessions_per_pod(up)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _sessions_per_pod(up) == expected
-        for client in clients:
-            out, err = client.communicate(timeout=120)
-            assert client.returncode == 0, err
-            assert any(json.loads(line)["type"] == "Word" for line in out.splitlines())
+        with concurrent.futures.ThreadPoolExecutor(2) as clients:  # two streams at once
+            streams = [clients.submit(up.stream), clients.submit(up.stream)]
+            with contextlib.suppress(processes.StartError):
+                processes.wait_until(lambda: sum(_sessions_per_pod(up)) >= 2, 30,
+                                            "both streams", period=0.1)
+            assert _sessions_per_pod(up) == expected
+            for stream in streams:
+                result = stream.result()
+                assert result.returncode == 0, result.stderr
+                assert any(json.loads(line)["type"] == "Word"
+                           for line in result.stdout.splitlines())
         up.process.send_signal(signal.SIGINT)
         assert up.process.wait(timeout=60) == 0
-        deadline = time.monotonic() + 10
-        while any(processes.alive(pid) for pid in tree) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        with contextlib.suppress(processes.StartError):
+            processes.wait_until(
+                lambda: not any(processes.alive(pid) for pid in tree), 10, "the pods' end",
+                period=0.1)
         assert not [pid for pid in tree if processes.alive(pid)]
     finally:
-        _stop_tree(up.process)
+        _stop_tree(up.child)
 
 
-def _stop_tree(process: subprocess.Popen[bytes]) -> None:
+def _stop_tree(up: processes.Child) -> None:
     """Stop `asrpool up` as a user would; kill whatever it leaves (a failed test too)."""
-    tree = processes.descendants(process.pid)
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    tree = processes.descendants(up.process.pid)
+    if up.alive():
+        up.process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            up.process.wait(timeout=60)
+        if up.alive():
+            up.stop(0)
     for pid in tree:
         if processes.alive(pid):
             os.kill(pid, signal.SIGKILL)

@@ -90,21 +90,24 @@ def _children(pid: int) -> list[int]:
 def test_sigterm_ends_the_running_stage_too(tmp_path: Path) -> None:
     """The stages run in their own process groups; stopping the check must stop them."""
     import signal
-    import time
 
-    check = subprocess.Popen([sys.executable, str(SCRIPT), "--device", "cpu", "--model",
-                              "tiny", "--isolation-steps", "5000", "--out", str(tmp_path)])
+    check = processes.spawn(
+        "bench/gpu-check",
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--model", "tiny",
+         "--isolation-steps", "5000", "--out", str(tmp_path)], tmp_path / "gpu-check.log")
     try:
-        deadline = time.monotonic() + 60
-        while not (stages := _children(check.pid)):
-            assert time.monotonic() < deadline, "the isolation stage did not start"
-            time.sleep(0.2)
-        check.send_signal(signal.SIGTERM)
-        assert check.wait(60) == 128 + signal.SIGTERM
+        stages: list[int] = []
+
+        def started() -> bool:
+            stages[:] = _children(check.process.pid)
+            return bool(stages)
+
+        processes.wait_until(started, 60, "the isolation stage", [check])
+        check.process.send_signal(signal.SIGTERM)  # to the check alone, not its group
+        assert check.process.wait(60) == 128 + signal.SIGTERM
         assert not Path(f"/proc/{stages[0]}").exists()
     finally:
-        if check.poll() is None:
-            check.kill()
+        check.stop(10)
 
 
 def _load_script() -> object:

@@ -3,10 +3,10 @@ in children of its own (here both are HEAD, so their code is the same)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from asrpool.common import processes
@@ -35,19 +35,21 @@ def test_bench_hostwork_compares_two_trees_and_leaves_no_worktree(tmp_path: Path
     assert _worktrees() == before
 
 
-def test_children_cpu_counts_a_busy_child_and_not_an_idle_one() -> None:
+def test_children_cpu_counts_a_busy_child_and_not_an_idle_one(tmp_path: Path) -> None:
     """A child that spins for 0.3 s of CPU shows it; one that sleeps shows none."""
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.3"
-                             "\nwhile time.process_time() < end: pass\ntime.sleep(30)"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = processes.spawn(
+        "a busy child",
+        [sys.executable, "-c", "import time\nend = time.process_time() + 0.3"
+         "\nwhile time.process_time() < end: pass\ntime.sleep(30)"], tmp_path / "busy.log")
+    idle = processes.spawn("an idle child", [sys.executable, "-c", "import time; time.sleep(30)"],
+                           tmp_path / "idle.log")
     try:
-        started = time.monotonic()
-        while processes.cpu_seconds(busy.pid) < 0.3 and time.monotonic() - started < 20:
-            time.sleep(0.05)
-        assert processes.cpu_seconds(busy.pid) >= 0.3
-        assert processes.cpu_seconds(idle.pid) < 0.2  # its interpreter's start alone
+        with contextlib.suppress(processes.StartError):
+            processes.wait_until(lambda: processes.cpu_seconds(busy.process.pid) >= 0.3, 20,
+                                 "the busy child's spin", [busy, idle], period=0.05)
+        assert processes.cpu_seconds(busy.process.pid) >= 0.3
+        assert processes.cpu_seconds(idle.process.pid) < 0.2  # its interpreter's start alone
         assert hostwork.children_cpu_s() >= 0.3
     finally:
         for child in (busy, idle):
-            child.kill()
-            child.wait()
+            child.stop(10)
