@@ -19,13 +19,14 @@ from starlette import requests, responses, staticfiles
 from starlette import types as asgi
 from starlette import websockets as starlette_ws
 
-from asrpool.common import builds, protocol
+from asrpool.common import builds, protocol, realtime_events
 from asrpool.router import poolnames, refusals, settings, streaming, uploads, views, wiring
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"  # the live page (index.html, live.js, vendor/)
 POOL_PREFIX = "/pools/"  # /pools/{pool}/api/asr-streaming names a pool in its path
+STREAMING_PATHS = (protocol.STREAMING_PATH, realtime_events.PATH)  # Kyutai's, OpenAI's
 
 
 async def get_deps(connection: requests.HTTPConnection) -> wiring.Deps:
@@ -56,6 +57,15 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
     @app.websocket(POOL_PREFIX + "{pool:path}" + protocol.STREAMING_PATH)
     async def pool_stream(ws: fastapi.WebSocket, pool: str, d: wiring.Deps = Deps) -> None:
         await streaming.serve(ws, pool, d)
+
+    @app.websocket(realtime_events.PATH)
+    async def realtime(ws: fastapi.WebSocket, pool: str | None = None,
+                       d: wiring.Deps = Deps) -> None:
+        await streaming.serve_realtime(ws, pool, d)
+
+    @app.websocket(POOL_PREFIX + "{pool:path}" + realtime_events.PATH)
+    async def pool_realtime(ws: fastapi.WebSocket, pool: str, d: wiring.Deps = Deps) -> None:
+        await streaming.serve_realtime(ws, pool, d)
 
     @app.post(protocol.STREAMING_PATH)
     async def upload(
@@ -110,18 +120,20 @@ def create_app(config: settings.RouterSettings, deps: wiring.Deps | None = None)
     return app
 
 
-def streaming_pool(path: str, query_string: bytes) -> tuple[bool, str | None]:
-    """Whether ``path`` is a streaming route, and the pool it names as the app's routes
-    read it (``None`` or empty: the default pool): ``/api/asr-streaming?pool=P`` (the
-    last ``pool`` given) or ``/pools/P/api/asr-streaming``."""
-    if path == protocol.STREAMING_PATH:
-        pools = parse.parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("pool")
-        return True, pools[-1] if pools else None
-    pooled = len(POOL_PREFIX) + len(protocol.STREAMING_PATH)
-    if len(path) >= pooled and path.startswith(POOL_PREFIX) and path.endswith(
-            protocol.STREAMING_PATH):
-        return True, path[len(POOL_PREFIX):-len(protocol.STREAMING_PATH)]
-    return False, None
+def streaming_pool(path: str, query_string: bytes) -> tuple[str | None, str | None]:
+    """Which streaming route ``path`` is (one of :data:`STREAMING_PATHS`, or None), and
+    the pool it names as the app's routes read it (``None`` or empty: the default
+    pool): ``/api/asr-streaming?pool=P`` (the last ``pool`` given) or
+    ``/pools/P/api/asr-streaming``, and the same for ``/v1/realtime``."""
+    for route in STREAMING_PATHS:
+        if path == route:
+            query = parse.parse_qs(query_string.decode("latin-1"), keep_blank_values=True)
+            pools = query.get("pool")
+            return route, pools[-1] if pools else None
+        pooled = len(POOL_PREFIX) + len(route)
+        if len(path) >= pooled and path.startswith(POOL_PREFIX) and path.endswith(route):
+            return route, path[len(POOL_PREFIX):-len(route)]
+    return None, None
 
 
 class StreamingFastPath:
@@ -135,11 +147,13 @@ class StreamingFastPath:
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] == "websocket":
-            streaming_route, pool = streaming_pool(scope["path"], scope["query_string"])
-            if streaming_route:
+            route, pool = streaming_pool(scope["path"], scope["query_string"])
+            if route is not None:
                 scope["app"] = self.app
                 ws = starlette_ws.WebSocket(scope, receive, send)
-                await streaming.serve(ws, pool, self.app.state.deps)
+                serve = streaming.serve if route == protocol.STREAMING_PATH else \
+                    streaming.serve_realtime
+                await serve(ws, pool, self.app.state.deps)
                 return
         await self.app(scope, receive, send)
 

@@ -6,8 +6,9 @@ and reads the pod's first frame. From then on the :class:`PodLink` is a plain as
 protocol: whatever the pod sends goes to its ``sink`` (the relay) as bytes, with any
 bytes that came in behind the first frame handed over first.
 
-The first frame is held to what the relay holds every later one to (``frames``): a
-binary message within the size limit, unmasked, judged from its header before its
+The first frame is held to what the relay holds every later one to (``frames``): one
+whole message of the protocol's kind (binary for Kyutai's, text for OpenAI's) within
+the size limit, unmasked, judged from its header before its
 payload is read, in a buffer that grows in place; a hostile pod that declares a huge
 frame is refused at once and costs the router nothing.
 """
@@ -44,7 +45,8 @@ def _status(head: bytes) -> int | None:
 class PodLink(asyncio.Protocol):
     """One pod connection. Before :meth:`attach`, reading stops after the first frame."""
 
-    def __init__(self, uri: str, headers: dict[str, str], max_bytes: int) -> None:
+    def __init__(self, uri: str, headers: dict[str, str], max_bytes: int,
+                 opcode: int = frames.BINARY) -> None:
         self.handshake = ws_client.ClientProtocol(ws_uri.parse_uri(uri), max_size=max_bytes)
         self.request = self.handshake.connect()
         self.request.headers.update(headers)
@@ -52,6 +54,7 @@ class PodLink(asyncio.Protocol):
         self.first: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.lost = asyncio.get_running_loop().create_future()  # set with the exception
         self.max_bytes = max_bytes
+        self.opcode = opcode  # of the first frame
         self.buffer = bytearray()
         self.sink: Callable[[bytes], None] | None = None
         self.transport: asyncio.Transport | None = None
@@ -117,7 +120,7 @@ class PodLink(asyncio.Protocol):
         if got is None:
             return
         first, opcode, head, size, masked = got
-        refused = _first_frame_fault(first, opcode, size, masked, self.max_bytes)
+        refused = _first_frame_fault(first, opcode, size, masked, self.max_bytes, self.opcode)
         if refused:
             self._fail(refused)
             return
@@ -179,10 +182,11 @@ class PodLink(asyncio.Protocol):
 
 
 def _first_frame_fault(first: int, opcode: int, size: int, masked: int,
-                       max_bytes: int) -> str:
+                       max_bytes: int, expected: int) -> str:
     """Why a pod's first frame (``Ready`` or an ``Error``) is refused, from its header."""
-    if opcode != frames.BINARY or first & 0x70 or not first & 0x80:
-        return f"first frame is not one whole binary message (header byte {first:#04x})"
+    if opcode != expected or first & 0x70 or not first & 0x80:
+        kind = "binary" if expected == frames.BINARY else "text"
+        return f"first frame is not one whole {kind} message (header byte {first:#04x})"
     if masked:
         return "first frame is masked (no server masks its frames)"
     if size > max_bytes:
@@ -195,7 +199,8 @@ def _discard(_: bytes) -> None:
 
 
 async def dial(
-    address: str, path: str, headers: dict[str, str], max_bytes: int, timeout: float
+    address: str, path: str, headers: dict[str, str], max_bytes: int, timeout: float,
+    opcode: int = frames.BINARY,
 ) -> tuple[PodLink, bytes]:
     """Connect, upgrade, read the first frame; raises OSError, TimeoutError or
     :class:`HandshakeFailed`."""
@@ -204,7 +209,7 @@ async def dial(
     uri = f"ws://{address}{path}"
     async with asyncio.timeout(timeout):
         _, link = await loop.create_connection(
-            lambda: PodLink(uri, headers, max_bytes), host.strip("[]"), int(port)
+            lambda: PodLink(uri, headers, max_bytes, opcode), host.strip("[]"), int(port)
         )
         try:
             first = await link.first

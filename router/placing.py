@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import redis
 
 from asrpool.common import protocol, rates
-from asrpool.router import admissions, pods, refusals, scripts, settings, wiring
+from asrpool.router import admissions, dialects, pods, refusals, scripts, settings, wiring
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,13 @@ def refusal_for(
 
 async def place(
     request: admissions.Request, deps: wiring.Deps, gone: asyncio.Event | None = None,
-    avoid: Sequence[str] = (),
+    avoid: Sequence[str] = (), dialect: dialects.Dialect = dialects.KYUTAI,
 ) -> Placed | refusals.Refusal:
     """Raises :class:`redis.RedisError` when Redis cannot be reached. ``gone`` is set
     when the client leaves: from then on nothing more is reserved or dialled, and what
     was is given back (its queue ticket, its reservation, its pod link). ``avoid``:
-    pods not to try (a moved stream's lost pod)."""
+    pods not to try (a moved stream's lost pod). ``dialect``: the protocol the stream
+    is opened in on the pod."""
     config = deps.config
     gone = gone or asyncio.Event()
     ticket = uuid.uuid4().hex if config.queue_timeout_seconds > 0 else ""
@@ -71,7 +72,7 @@ async def place(
         # The dial is not cancelled when the client leaves meanwhile (it is bounded by
         # pod_connect_timeout_seconds): a link dropped half open would leave the pod holding
         # the slot for a resume; a link closed cleanly frees it at once.
-        outcome = await pods.open_stream(got.address, got.pool, config)
+        outcome = await pods.open_stream(got.address, got.pool, config, dialect=dialect)
         if gone.is_set():
             return await _give_back(got, outcome, deps)
         if isinstance(outcome, pods.Opened):

@@ -12,10 +12,9 @@ import dataclasses
 import logging
 
 import aiohttp
-import msgpack
 
 from asrpool.common import protocol, rates
-from asrpool.router import links, settings
+from asrpool.router import dialects, links, settings
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +24,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Opened:
-    """The pod took the stream; ``first`` is its ``Ready`` frame, to forward as is."""
+    """The pod took the stream; ``first`` is its first message (``Ready``, or OpenAI's
+    ``session.created``), to forward as is."""
 
     link: links.PodLink
     first: bytes
@@ -69,15 +69,16 @@ def headers(config: settings.RouterSettings, pool: str,
 
 async def open_stream(
     address: str, pool: str, config: settings.RouterSettings, pod_resume_token: str = "",
-    received: int | None = None,
+    received: int | None = None, dialect: dialects.Dialect = dialects.KYUTAI,
 ) -> Outcome:
     try:
         link, first = await links.dial(
             address,
-            protocol.STREAMING_PATH,
-            headers(config, pool, pod_resume_token, received),
+            dialect.pod_path,
+            {**headers(config, pool, pod_resume_token, received), **dict(dialect.pod_headers)},
             config.max_message_bytes,
             config.pod_connect_timeout_seconds,
+            dialect.opcode,
         )
     except links.HandshakeFailed as exc:
         if exc.status == 429:  # the pod is over its new streams per second
@@ -90,8 +91,8 @@ async def open_stream(
     # No keepalive pings to pods: a pod that applies backpressure stops reading its
     # socket, pings go unanswered, and a healthy stream would be cut. A dead pod closes
     # its sockets or lets its heartbeat lapse (leasing.note_heartbeat).
-    kind, code, message = _peek(first)
-    if kind == "Ready":
+    taken, code, message = dialect.first(first)
+    if taken:
         got = link.response.headers if link.response is not None else {}
         return Opened(
             link,
@@ -101,7 +102,7 @@ async def open_stream(
             resume_offset=got.get(protocol.RESUME_OFFSET_HEADER, ""),
         )
     await link.close()
-    return Refused(protocol.error_code(code), message or f"pod answered {kind!r}", first)
+    return Refused(protocol.error_code(code), message, first)
 
 
 async def end_stream(address: str, pool: str, config: settings.RouterSettings,
@@ -121,14 +122,3 @@ async def end_stream(address: str, pool: str, config: settings.RouterSettings,
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("pod %s not asked to end a stream (kept for its grace): %s", address, exc)
         return False
-
-
-def _peek(frame: bytes) -> tuple[str, str, str]:
-    """(type, code, message) of a pod's frame; empty strings where absent."""
-    try:
-        body = msgpack.unpackb(frame, raw=False)
-    except (ValueError, msgpack.UnpackException):  # every way msgpack says 'not msgpack'
-        return "", "", ""
-    if not isinstance(body, dict):
-        return "", "", ""
-    return tuple(str(body.get(k) or "") for k in ("type", "code", "message"))  # type: ignore[return-value]

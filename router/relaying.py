@@ -35,7 +35,7 @@ from typing import Any
 import msgpack
 
 from asrpool.common import framing, protocol
-from asrpool.router import frames, links, metrics, proxying, refusals, retiming
+from asrpool.router import dialects, frames, links, metrics, proxying, refusals, retiming
 
 CLIENT_CLOSE_TIMEOUT_S = 10.0  # for the client's answer to our close, as uvicorn
 # A pod's Error message (our pods encode its type first); the ones with these codes end
@@ -84,8 +84,10 @@ class Relay:
         meters: metrics.Metrics,
         ping: tuple[float, float],
         send_timeout_seconds: float,
+        dialect: dialects.Dialect = dialects.KYUTAI,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        self.dialect = dialect
         self.client = handover.hand_over(self.shutdown)
         self.client_protocol, self.link = handover, link
         self.up = frames.Scanner(True, max_bytes, frozenset({frames.CLOSE, frames.PONG}))
@@ -140,7 +142,7 @@ class Relay:
                   then: bytes | None = None) -> proxying.End:
         """Forward the pod's first frame (and the router's own message ``then``), relay
         until one side ends, say how."""
-        self.client.write(frames.frame(frames.BINARY, first))
+        self.client.write(frames.frame(self.dialect.opcode, first))
         if then is not None:
             self.client.write(frames.frame(frames.BINARY, then))
         self.link.attach(self.from_pod)
@@ -161,7 +163,8 @@ class Relay:
     def movable(self) -> bool:
         """Whether the stream can go on on another pod: the client has every frame the
         lost pod sent whole, is inside no fragmented message, and is still there."""
-        return (self.down.at_boundary and not self.up.fragmented and self.refused is None
+        return (self.dialect.keeps_streams and self.down.at_boundary
+                and not self.up.fragmented and self.refused is None
                 and not self.client.is_closing() and not self.client_gone.done())
 
     async def run_moved(self, link: links.PodLink, pod_gone: asyncio.Event) -> proxying.End:
@@ -434,8 +437,9 @@ class Relay:
         the drain ``Error`` and close 1012, where the flow to the client has a frame
         boundary; the stream stays resumable."""
         self.end(proxying.ClientLeft(protocol.CloseCode.RESTART))
-        told = refusals.router_shut_down()
-        if self.tell_client(frames.frame(frames.BINARY, told.frame())):
+        told = refusals.router_shut_down() if self.dialect.keeps_streams else \
+            refusals.router_draining()
+        if self.tell_client(self.dialect.told(told)):
             self.tell_client(frames.close_frame(told.close_code))
         self.client.close()
 

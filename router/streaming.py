@@ -7,7 +7,10 @@ headers; relay bytes (the pod's ``Ready`` first); end both sides as the way it e
 requires.
 Refusals are an upgrade, an ``Error`` and a close, as the pod's own busy answer is;
 a client over its new streams per second (per address from the request head, per API
-key here) gets HTTP 429 before any of this (``router.throttling``).
+key here) gets HTTP 429 before any of this (``router.throttling``). A client of
+OpenAI's Realtime API takes the same path in its own protocol (``router.dialects``):
+its refusals are ``error`` events, its key may come as ``Authorization: Bearer``, and
+its session neither resumes nor moves.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import redis
 from starlette import requests, responses
 from starlette import websockets as starlette_ws
 
-from asrpool.common import auth, framing, protocol, rates
+from asrpool.common import auth, framing, protocol, rates, realtime_events
 from asrpool.router import (
     admissions,
+    dialects,
     frames,
     moving,
     placing,
@@ -51,19 +55,27 @@ def unauthorized(deps: wiring.Deps) -> responses.Response:
     return responses.PlainTextResponse(protocol.UNAUTHORIZED, status_code=401)
 
 
-def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None) -> auth.ApiKey | None:
+def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None,
+                 bearer: bool = False) -> auth.ApiKey | None:
+    """The client's key: Kyutai's header or query parameter, or (``bearer``: OpenAI's
+    clients) ``Authorization: Bearer KEY``."""
     if keyring is None:
         return ANONYMOUS
     plain = ws.headers.get(protocol.API_KEY_HEADER) or ws.query_params.get(protocol.API_KEY_QUERY)
+    if plain is None and bearer:
+        scheme, _, token = ws.headers.get("authorization", "").partition(" ")
+        plain = token.strip() if scheme.lower() == "bearer" else None
     return keyring.find(plain)
 
 
-async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps) -> None:
+async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps,
+                dialect: dialects.Dialect = dialects.KYUTAI) -> None:
     if deps.draining:  # router.draining: another router takes it
-        await refuse(ws, refusals.router_draining(), deps)
+        await refuse(ws, refusals.router_draining(), deps, dialect)
         return
-    resume_text = resume_fields(ws).get(protocol.RESUME_TOKEN_HEADER)
-    key = authenticate(ws, deps.keyring)
+    resume_text = resume_fields(ws).get(protocol.RESUME_TOKEN_HEADER) \
+        if dialect.keeps_streams else None
+    key = authenticate(ws, deps.keyring, bearer=not dialect.keeps_streams)
     if key is None:
         await ws.send_denial_response(unauthorized(deps))
         return
@@ -75,7 +87,19 @@ async def serve(ws: starlette_ws.WebSocket, pool: str | None, deps: wiring.Deps)
     if resume_text is not None:
         await _resume(ws, resume_text, key, conn, deps)
     else:
-        await _start(ws, pool or deps.config.default_pool, key, conn, deps)
+        await _start(ws, pool or deps.config.default_pool, key, conn, deps, dialect)
+
+
+async def serve_realtime(ws: starlette_ws.WebSocket, pool: str | None,
+                         deps: wiring.Deps) -> None:
+    """OpenAI's Realtime API: transcription sessions only (``?intent=transcription``)."""
+    if ws.query_params.get("intent") != realtime_events.INTENT:
+        deps.meters.rejections.labels("protocol_error").inc()
+        await ws.send_denial_response(responses.PlainTextResponse(
+            f"asrpool serves {realtime_events.PATH}?intent={realtime_events.INTENT} only",
+            status_code=400))
+        return
+    await serve(ws, pool, deps, dialects.realtime(ws.headers))
 
 
 async def forbid(ws: starlette_ws.WebSocket, message: str, deps: wiring.Deps) -> None:
@@ -132,11 +156,12 @@ def _resume_offset(session: admissions.Session, opened: pods.Opened) -> int | No
 
 
 async def _start(
-    ws: starlette_ws.WebSocket, pool: str, key: auth.ApiKey, conn: str, deps: wiring.Deps
+    ws: starlette_ws.WebSocket, pool: str, key: auth.ApiKey, conn: str, deps: wiring.Deps,
+    dialect: dialects.Dialect,
 ) -> None:
     asked, resolved = pool, poolnames.resolve(pool, deps.config.pool_namespace)
     if resolved is None:
-        await refuse(ws, refusals.unknown_pool(asked), deps)
+        await refuse(ws, refusals.unknown_pool(asked), deps, dialect)
         return
     pool = resolved
     if not key.allows(pool):
@@ -148,16 +173,17 @@ async def _start(
     gone = asyncio.Event()
     watching = asyncio.create_task(_watch_departure(ws, gone))
     try:
-        placed = await _placed_or_unavailable(placing.place(request, deps, gone), "admit", deps)
+        placed = await _placed_or_unavailable(
+            placing.place(request, deps, gone, dialect=dialect), "admit", deps)
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
     if isinstance(placed, refusals.Refusal):
-        await refuse(ws, placed, deps)
+        await refuse(ws, placed, deps, dialect)
         return
     deps.meters.admission_seconds.observe(time.perf_counter() - started)
     deps.meters.admissions.labels(pool, "new").inc()
-    await run(ws, request, placed[0], placed[1], deps)
+    await run(ws, request, placed[0], placed[1], deps, dialect=dialect)
 
 
 async def _watch_departure(ws: starlette_ws.WebSocket, gone: asyncio.Event) -> None:
@@ -208,23 +234,37 @@ async def _resume(
     await run(ws, request, placed[0], placed[1], deps, received)
 
 
-async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wiring.Deps) -> None:
-    """Upgrade (if not done yet), then the ``Error`` and a close, as Kyutai's server does."""
+async def refuse(ws: starlette_ws.WebSocket, refusal: refusals.Refusal, deps: wiring.Deps,
+                 dialect: dialects.Dialect = dialects.KYUTAI) -> None:
+    """Upgrade (if not done yet), then the ``Error`` and a close, as Kyutai's server does
+    (OpenAI's clients: an ``error`` event)."""
     deps.meters.rejections.labels(refusal.code).inc()
     if ws.application_state == starlette_ws.WebSocketState.CONNECTING:
         # uvicorn raises its ClientDisconnected (an OSError) for a client gone already
         with contextlib.suppress(starlette_ws.WebSocketDisconnect, OSError):
-            await ws.accept()
-    await tell(ws, refusal)
+            await ws.accept(subprotocol=_subprotocol(ws, dialect))
+    await tell(ws, refusal, dialect)
 
 
-async def tell(ws: starlette_ws.WebSocket, refusal: refusals.Refusal) -> None:
+async def tell(ws: starlette_ws.WebSocket, refusal: refusals.Refusal,
+               dialect: dialects.Dialect = dialects.KYUTAI) -> None:
     """Send the ``Error`` and close, if the client is still there to hear it."""
     if not _open(ws):
         return
+    message = dialect.refusal(refusal)
     with contextlib.suppress(starlette_ws.WebSocketDisconnect):
-        await ws.send_bytes(refusal.frame())
+        if dialect.opcode == frames.BINARY:
+            await ws.send_bytes(message)
+        else:
+            await ws.send_text(message.decode())
         await ws.close(refusal.close_code)
+
+
+def _subprotocol(ws: requests.HTTPConnection, dialect: dialects.Dialect) -> str | None:
+    """OpenAI's clients may offer ``realtime`` (browsers must offer something)."""
+    if dialect.keeps_streams:
+        return None
+    return realtime_events.subprotocol(ws.headers.get("sec-websocket-protocol", ""))
 
 
 def _open(ws: starlette_ws.WebSocket) -> bool:
@@ -239,13 +279,16 @@ async def run(
     opened: pods.Opened,
     deps: wiring.Deps,
     received: int | None = None,
+    dialect: dialects.Dialect = dialects.KYUTAI,
 ) -> None:
     """Upgrade with the session's headers, relay (the pod's Ready first), move the
     stream to another pod each time its pod is lost (``router.moving``), settle.
     ``received``: a resuming client's count of the messages it has."""
     offset = _resume_offset(session, opened)
+    headers = _extension_headers(request.token, offset)
     try:
-        await ws.accept(headers=_extension_headers(request.token, offset))
+        await ws.accept(subprotocol=_subprotocol(ws, dialect),
+                        headers=headers if dialect.keeps_streams else headers[:1])
     except (starlette_ws.WebSocketDisconnect, OSError):  # the client left (ClientDisconnected)
         await _left_before_upgrade(ws, session, opened, deps)
         return
@@ -258,6 +301,7 @@ async def run(
             deps.meters,
             (deps.config.ping_interval_seconds, deps.config.ping_timeout_seconds),
             deps.config.send_timeout_seconds,
+            dialect,
         )
     except framing.EarlyFrames as exc:
         await _early_frames(ws, session, opened, exc, deps)
@@ -384,7 +428,7 @@ def _tell_client(relay: relaying.Relay, end: proxying.End, deps: wiring.Deps) ->
 def _refuse_relayed(relay: relaying.Relay, refusal: refusals.Refusal, deps: wiring.Deps) -> None:
     """The ``Error`` and the close, where the flow to the client has room for them."""
     deps.meters.rejections.labels(refusal.code).inc()
-    if relay.tell_client(frames.frame(frames.BINARY, refusal.frame())):
+    if relay.tell_client(relay.dialect.told(refusal)):
         relay.close_client(refusal.close_code)
     else:
         relay.abort_client()  # in the middle of a pod's frame: nothing more can be said

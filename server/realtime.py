@@ -19,19 +19,21 @@ import binascii
 import collections
 import dataclasses
 import json
-import uuid
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from asrpool.common import protocol
+from asrpool.common import protocol, realtime_events
 
 MIN_COMMIT_SAMPLES = protocol.SAMPLE_RATE // 10  # 100 ms, as OpenAI asks
 MAX_APPEND_BYTES = 15 << 20  # of base64, as OpenAI's limit
 PCM_FORMAT = {"type": "audio/pcm", "rate": protocol.SAMPLE_RATE}
 BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
-Event = dict[str, Any]
+Event = realtime_events.Event
+new_id = realtime_events.new_id
+event = realtime_events.event
+error = realtime_events.error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +70,6 @@ class _Pending:
     item_id: str
     words: list[str]
     samples: int
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:22]}"
 
 
 class Session:
@@ -239,17 +237,6 @@ class Session:
                                     "noise_reduction": self.noise_reduction,
                                     "turn_detection": None}},
                 "include": self.include}
-
-
-def event(kind: str, **fields: Any) -> Event:
-    """A server event: every one has its own ``event_id``."""
-    return {"type": kind, "event_id": new_id("event"), **fields}
-
-
-def error(code: str, message: str, param: str | None = None,
-          client_event_id: str | None = None, kind: str = "invalid_request_error") -> Event:
-    return event("error", error={"type": kind, "code": code, "message": message,
-                                 "param": param, "event_id": client_event_id})
 
 
 def _parse(text: str) -> dict[str, Any]:

@@ -20,12 +20,11 @@ import msgpack
 import numpy as np
 from starlette import responses, websockets
 
-from asrpool.common import protocol
+from asrpool.common import protocol, realtime_events
 from asrpool.server import handles, outcomes, pods, realtime
 
-PATH = "/v1/realtime"
-INTENT = "transcription"
-BETA_HEADER = "openai-beta"
+PATH = realtime_events.PATH
+INTENT = realtime_events.INTENT
 
 
 async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
@@ -38,10 +37,10 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
         pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         await ws.send_denial_response(responses.PlainTextResponse(refusal, status_code=401))
         return
-    offered = ws.headers.get("sec-websocket-protocol", "")
-    subprotocol = "realtime" if "realtime" in [p.strip() for p in offered.split(",")] else None
-    await ws.accept(subprotocol=subprotocol)
-    session = realtime.Session(beta=ws.headers.get(BETA_HEADER, "").startswith("realtime"))
+    await ws.accept(subprotocol=realtime_events.subprotocol(
+        ws.headers.get("sec-websocket-protocol", "")))
+    session = realtime.Session(
+        beta=ws.headers.get(realtime_events.BETA_HEADER, "").startswith("realtime"))
     opened = pod.open(resumable=False)
     if isinstance(opened, outcomes.Failed):
         await _end(ws, pod, opened)
@@ -95,6 +94,8 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
         if message["type"] == "websocket.disconnect":
             return outcomes.disconnected(int(message.get("code") or protocol.CloseCode.LOST))
         text = message.get("text")
+        if text is None and (told := protocol.decode_router_refusal(message.get("bytes") or b"")):
+            return told  # a message the router refused in the client's place (too large)
         if text is None:
             error = realtime.error("invalid_event", "Expected a text WebSocket message; "
                                    "binary frames are not supported.")
