@@ -7,6 +7,7 @@ under CI (``CI=true``) that is a failure instead, so CI can never go green by sk
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,8 +18,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from asrpool.common import processes
 from tests.cluster.clusters import Cluster
-from tests.support import processes
+from tests.support import processes as support
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools" / "cluster"
@@ -46,27 +48,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     bin_dir = _build()
     workdir = tmp_path_factory.mktemp("cluster")
     kubeconfig = workdir / "kubeconfig"
-    stderr = (workdir / "up.log").open("wb")
-    process = subprocess.Popen(
+    up = processes.spawn(
+        "tools/cluster/up",
         [str(TOOLS / "up"), "--kubeconfig", str(kubeconfig), "--nodes", "2",
          "--gpus-per-node", "2", "--workdir", str(workdir / "state"), "--exit-with-parent"],
-        stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
-    line = processes.first_line(process, START_TIMEOUT)
-    if line != "ready":
-        process.kill()
-        process.wait()
-        log = (workdir / "up.log").read_text(errors="replace").strip().splitlines()
-        pytest.fail(f"tools/cluster/up did not print ready: {log[-1:] or line}")
+        workdir / "up.log")
+    try:
+        support.wait_printed(up, "ready", START_TIMEOUT)
+    except processes.StartError as exc:
+        up.stop(STOP_TIMEOUT)
+        log = up.log.read_text(errors="replace").strip().splitlines()
+        pytest.fail(f"tools/cluster/up did not print ready: {log[-1:] or exc}")
     try:
         yield Cluster(kubeconfig, bin_dir / "kubectl", workdir / "state")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        stderr.close()
+        # SIGTERM to the tool alone (it stops what it started, in order), then the
+        # whole group's SIGKILL if it has not ended in time.
+        up.process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            up.process.wait(timeout=STOP_TIMEOUT)
+        if up.alive():
+            up.stop(0)
 
 
 @pytest.fixture

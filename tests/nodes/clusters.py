@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support import processes
+from asrpool.common import processes
+from tests.support import processes as support
 
 IMAGE = "localhost/asrpool/nodetest:0.2"  # tools/cluster/node-images: a static busybox
 
@@ -55,11 +55,14 @@ class NodeCluster:
         """Until the API server serves ``crd`` (``kubectl wait`` fails outright while the
         new CRD has no conditions at all)."""
         condition = '{.status.conditions[?(@.type=="Established")].status}'
-        deadline = time.monotonic() + timeout
-        while self.kubectl("get", "crd", crd, "-o", f"jsonpath={condition}",
-                           check=False).stdout != "True":
-            assert time.monotonic() < deadline, f"{crd} never became Established"
-            time.sleep(0.5)
+
+        def established() -> bool:
+            return self.kubectl("get", "crd", crd, "-o", f"jsonpath={condition}",
+                                check=False).stdout == "True"
+        try:
+            processes.wait_until(established, timeout, crd, period=0.5)
+        except processes.StartError:
+            raise AssertionError(f"{crd} never became Established") from None
 
     def exec(self, namespace: str, pod: str, *command: str) -> str:
         return self.kubectl("exec", "--namespace", namespace, pod, "--", *command).stdout
@@ -79,27 +82,32 @@ class NodeCluster:
     def port_forward(self, namespace: str, pod: str, port: int) -> Iterator[int]:
         """A loopback port here forwarded to ``port`` inside ``pod`` (through the API
         server and the pod's kubelet, so no NetworkPolicy stands between)."""
-        process = subprocess.Popen(
+        log = self.kubeconfig.parent / "port-forwards" / f"{namespace}-{pod}-{port}.log"
+        log.unlink(missing_ok=True)  # the port an earlier forward printed is not this one's
+        forward = processes.spawn(
+            f"kubectl port-forward pod/{pod}",
             [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), "port-forward",
              "--namespace", namespace, "--address", "127.0.0.1", f"pod/{pod}", f":{port}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log)
         try:
-            line = processes.first_line(process, 60.0)
-            found = re.search(r"127\.0\.0\.1:(\d+) ->", line)
-            assert found, f"kubectl port-forward: {line}"
+            try:
+                found = support.wait_printed(forward, r".*127\.0\.0\.1:(\d+) ->.*", 60.0)
+            except processes.StartError as exc:
+                raise AssertionError(f"kubectl port-forward: {exc}: {forward.last_line()}"
+                                     ) from None
             yield int(found.group(1))
         finally:
-            process.terminate()
-            process.wait(10)
+            forward.stop(10)
 
     def wait_for_service_account(self, namespace: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.kubectl("get", "serviceaccount", "default", "--namespace", namespace,
-                            check=False).returncode == 0:
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"no default service account in {namespace}")
+        def made() -> bool:
+            return self.kubectl("get", "serviceaccount", "default", "--namespace", namespace,
+                                check=False).returncode == 0
+        try:
+            processes.wait_until(made, timeout, f"the default service account in {namespace}",
+                                 period=0.3)
+        except processes.StartError:
+            raise AssertionError(f"no default service account in {namespace}") from None
 
     def waiting_reason(self, namespace: str, pod: str, reasons: set[str],
                        timeout: float = 90.0) -> dict[str, Any]:

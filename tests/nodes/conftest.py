@@ -9,6 +9,7 @@ stopped (``test_zz_host.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from asrpool.common import processes
 from asrpool_harness.localcluster import realnodes
 from tests.nodes import hoststate
 from tests.nodes.clusters import NodeCluster
-from tests.support import imagebuilds, processes
+from tests.support import imagebuilds
+from tests.support import processes as support
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -71,19 +74,21 @@ def _check_host() -> None:
 class Running:
     """The ``tools/cluster/up`` process; :meth:`stop` is safe to call twice."""
 
-    def __init__(self, process: subprocess.Popen[str], log: Path) -> None:
-        self.process, self.log = process, log
+    def __init__(self, child: processes.Child) -> None:
+        self.child = child
+        self.process, self.log = child.process, child.log
         self.stopped = False
 
     def stop(self) -> int:
         if not self.stopped:
             self.stopped = True
+            # SIGTERM to the tool alone (it stops the nodes in order), then the whole
+            # group's SIGKILL if it has not ended in time.
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            if self.child.alive():
+                self.child.stop(0)
         return self.process.returncode
 
 
@@ -126,19 +131,18 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory, built: tuple[Path, li
     bin_dir, archives = built
     workdir = tmp_path_factory.mktemp("realnodes")
     kubeconfig = workdir / "kubeconfig"
-    log = workdir / "up.log"
-    with log.open("wb") as stderr:
-        process = subprocess.Popen(
-            [str(TOOLS / "up"), "--kubeconfig", str(kubeconfig), "--real-nodes", "2",
-             "--workdir", str(workdir / "state"), "--exit-with-parent", "--images", *archives],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
-    running = Running(process, log)
-    line = processes.first_line(process, START_TIMEOUT)
-    if line != "ready":
+    running = Running(processes.spawn(
+        "tools/cluster/up --real-nodes 2",
+        [str(TOOLS / "up"), "--kubeconfig", str(kubeconfig), "--real-nodes", "2",
+         "--workdir", str(workdir / "state"), "--exit-with-parent", "--images", *archives],
+        workdir / "up.log"))
+    try:
+        support.wait_printed(running.child, "ready", START_TIMEOUT)
+    except processes.StartError as exc:
         running.stop()
-        text = log.read_text(errors="replace").strip().splitlines()
+        text = running.log.read_text(errors="replace").strip().splitlines()
         pytest.fail(f"tools/cluster/up --real-nodes 2 did not print ready: "
-                    f"{chr(10).join(text[-12:]) or line}")
+                    f"{chr(10).join(text[-12:]) or exc}")
     try:
         yield NodeCluster(kubeconfig, bin_dir / "kubectl", workdir / "state"), running
     finally:

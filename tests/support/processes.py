@@ -1,35 +1,42 @@
-"""Process trees from /proc: what a command left running."""
+"""Process trees from /proc: what a command left running; lines a started child printed."""
 
 from __future__ import annotations
 
-import queue
-import subprocess
-import threading
+import re
 from pathlib import Path
 
+from asrpool.common import processes
 from asrpool.common.processes import alive, descendants
 
-__all__ = ["alive", "descendants", "first_line", "running_with"]
-NO_ANSWER = "(no answer)"
+__all__ = ["alive", "descendants", "printed", "running_with", "wait_printed"]
 
 
-def first_line(process: subprocess.Popen[str], timeout: float) -> str:
-    """The first line ``process`` prints (``tools/cluster/up`` prints ``ready``), or
-    :data:`NO_ANSWER` when none came within ``timeout`` seconds; its later output is read
-    and dropped, so it never blocks on a full pipe."""
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line.strip())
-        lines.put("")
-
-    threading.Thread(target=read, daemon=True).start()
+def printed(child: processes.Child, pattern: str) -> re.Match[str] | None:
+    """The first line of ``child``'s log that ``pattern`` matches whole, or None (yet)."""
     try:
-        return lines.get(timeout=timeout)
-    except queue.Empty:
-        return NO_ANSWER
+        text = child.log.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        found = re.fullmatch(pattern, line.strip())
+        if found:
+            return found
+    return None
+
+
+def wait_printed(child: processes.Child, pattern: str, timeout: float) -> re.Match[str]:
+    """The first line of ``child``'s log that ``pattern`` matches whole, once it printed
+    one (``tools/cluster/up`` prints ``ready``); :class:`processes.StartError` if it
+    exits first or prints none within ``timeout`` seconds."""
+    found: list[re.Match[str]] = []
+
+    def seen() -> bool:
+        line = printed(child, pattern)
+        found.extend([line] if line else [])
+        return bool(found)
+
+    processes.wait_until(seen, timeout, f"{child.name} (a line {pattern!r})", [child])
+    return found[0]
 
 
 def running_with(text: str) -> list[str]:
