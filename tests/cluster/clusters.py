@@ -6,11 +6,12 @@ import dataclasses
 import functools
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import kubernetes
+
+from asrpool.common import processes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +51,15 @@ class Cluster:
     def wait_for_service_account(self, namespace: str, timeout: float = 30.0) -> None:
         """Pods are refused until the controller manager made the namespace's ``default``."""
         core = kubernetes.client.CoreV1Api(self.api)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def made() -> bool:
             try:
                 core.read_namespaced_service_account("default", namespace)
-                return
             except kubernetes.client.ApiException:
-                time.sleep(0.2)
-        raise AssertionError(f"no default service account in {namespace}")
+                return False
+            return True
+
+        try:
+            processes.wait_until(made, timeout, f"the default service account in {namespace}")
+        except processes.StartError:
+            raise AssertionError(f"no default service account in {namespace}") from None

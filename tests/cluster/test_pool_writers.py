@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from asrpool.common import processes
 from tests.cluster.clusters import Cluster
 
 POLICY = Path(__file__).resolve().parents[2] / "crds" / "policy" / "pool-writers.yaml"
@@ -71,13 +71,19 @@ def writers(crd: None, cluster: Cluster, namespace: str) -> Iterator[str]:
 def _wait_in_force(cluster: Cluster, namespace: str) -> None:
     """The API server compiles a new policy a moment after it is stored."""
     probe = pool("probe", serviceAccountName="default")
-    deadline = time.monotonic() + IN_FORCE_TIMEOUT
-    while "pool-writers" not in write(cluster, namespace, POOL_WRITER, probe,
-                                      "create").stderr:
-        assert time.monotonic() < deadline, "the pool-writers policy never came into force"
+
+    def in_force() -> bool:
+        if "pool-writers" in write(cluster, namespace, POOL_WRITER, probe, "create").stderr:
+            return True
         cluster.kubectl("delete", "streamingasrpool", "probe", "--namespace", namespace,
                         "--ignore-not-found")
-        time.sleep(0.5)
+        return False
+
+    try:
+        processes.wait_until(in_force, IN_FORCE_TIMEOUT, "the pool-writers policy",
+                             period=0.5)
+    except processes.StartError:
+        raise AssertionError("the pool-writers policy never came into force") from None
 
 
 @pytest.mark.parametrize(("spec", "refused"), [

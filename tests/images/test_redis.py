@@ -5,12 +5,12 @@ with REDISCLI_AUTH."""
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from asrpool.common import processes
 from tests.chart import rendering
 from tests.images import containers
 from tests.images.conftest import Built
@@ -54,15 +54,17 @@ def redis(images: dict[str, Built], chart_container: dict[str, Any]) -> Iterator
 
 
 def wait_for_pong(name: str, probe: list[str]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        done = containers.podman("exec", name, *probe, timeout=30)
-        if done.stdout.strip() == "PONG":
-            return
+    def answers() -> bool:
+        if containers.podman("exec", name, *probe, timeout=30).stdout.strip() == "PONG":
+            return True
         if not containers.is_running(name):
-            break
-        time.sleep(0.2)
-    pytest.fail(f"redis never answered PONG: {containers.logs(name)}")
+            raise processes.StartError(f"container {name} exited")
+        return False
+
+    try:
+        processes.wait_until(answers, START_TIMEOUT, f"redis in container {name}")
+    except processes.StartError:
+        pytest.fail(f"redis never answered PONG: {containers.logs(name)}")
 
 
 def test_the_chart_probe_answers_pong(redis: str, chart_container: dict[str, Any]) -> None:

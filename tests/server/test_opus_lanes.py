@@ -430,7 +430,9 @@ def test_a_child_holding_pages_hears_of_room_however_late_the_loop_runs_the_step
                     lane.send_data(0, generation, page)
 
             _on(loop, send_all)
-            _wait_for(lambda: buffers.buffered(0) > cap - protocol.FRAME_SIZE)  # its room
+            asrpool_processes.wait_until(  # its room
+                lambda: buffers.buffered(0) > cap - protocol.FRAME_SIZE, 30,
+                "the slot's buffer", period=0.005)
             busy = threading.Event()
             loop.call_soon_threadsafe(busy.wait, 60)
             while buffers.buffered(0) >= cap // 4:  # far under half: nothing late lifts it
@@ -464,13 +466,6 @@ def _on(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
         call()
 
     asyncio.run_coroutine_threadsafe(run(), loop).result(30)
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "waited too long"
-        time.sleep(0.005)
 
 
 def _step(buffers: slots.SlotBuffers, lanes: opuslanes.OpusLanes,
