@@ -14,6 +14,10 @@ So outside them, no module calls ``Popen`` or ``asyncio.create_subprocess_exec``
 ``StrictRedis(...)``, ``RedisCluster(...)``, ``ConnectionPool(...)``, or ``from_url``
 of any of them or of the ``redis`` modules). Calls are matched by name, as written.
 
+The tests start their servers, daemons, browsers, operators and clusters the same way
+(``processes.spawn``, ``processes.wait_until``, ``Child.stop``): no test calls ``Popen``
+or ``asyncio.create_subprocess_*`` either. (Their own Redis clients are the tests' own.)
+
 Allowed everywhere: a one-shot ``subprocess.run`` / ``check_output`` / ``check_call`` of
 a short tool, which returns when the tool has ended (nothing is left to stop), and a
 server's bind to the port it was given. A place that must hold a child by hand is in
@@ -29,11 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("asrpool", "server", "router", "operator", "bench", "plan", "harness")
 # the pyprojects' folders
 SCRIPTS = (ROOT / "bench" / "gpu-check",)  # Python without the .py (ruff and mypy check it)
+TESTS = ROOT / "tests"
 
 POPEN = "Popen"
 ASYNC_PROCESS = "asyncio.create_subprocess_*"
 PORT_0 = "bind to port 0"
 REDIS = "a Redis client"
+TEST_KINDS = {POPEN, ASYNC_PROCESS}  # what the tests leave to the owners too
 USE = {
     POPEN: "processes.spawn",
     ASYNC_PROCESS: "processes.spawn",
@@ -64,6 +70,11 @@ ALLOWED = {
     # Each stage runs in the foreground with the check's own output (what a GPU run
     # shows as it goes), not into a log; past its time processes.terminate stops it.
     ROOT / "bench" / "gpu-check": {POPEN},
+    # The subject is a specific child's /proc readings: as a zombie (exited, not yet
+    # reaped: waitid with WNOWAIT on the Popen's pid) and once reaped.
+    TESTS / "test_proc_readings.py": {POPEN},
+    # The pid of a child that has ended and been reaped (subprocess.run does not say it).
+    TESTS / "cluster" / "test_diskspace.py": {POPEN},
 }
 
 
@@ -141,6 +152,16 @@ def test_no_module_but_the_owners_starts_a_process_picks_a_port_or_opens_redis()
         allowed = ALLOWED.get(path, set())
         for line, kind in twins(path.read_text()):
             if kind not in allowed:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {kind} (use {USE[kind]})")
+    assert found == []
+
+
+def test_no_test_starts_a_process_but_through_spawn() -> None:
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        allowed = ALLOWED.get(path, set())
+        for line, kind in twins(path.read_text()):
+            if kind in TEST_KINDS and kind not in allowed:
                 found.append(f"{path.relative_to(ROOT)}:{line}: {kind} (use {USE[kind]})")
     assert found == []
 
