@@ -61,10 +61,12 @@ class Ready:
     state_nbytes: int
     pace: pacing.Pace | None = None  # a paced stand-in's (``--paced-engine``)
     delay: int = 0  # the model's steps from a frame to its word
+    voice_activity: bool = False  # its extra heads say when the speaker pauses (prs)
 
     @classmethod
     def of(cls, engine: stepping.Engine) -> Ready:
-        return cls(engine.model_id, engine.state_nbytes(), engine.pace, engine.delay)
+        return cls(engine.model_id, engine.state_nbytes(), engine.pace, engine.delay,
+                   engine.has_extra_heads)
 
 
 class Runner(Protocol):

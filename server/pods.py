@@ -73,6 +73,7 @@ class Pod:
         self.model_id = config.model
         self.pace: pacing.Pace | None = None  # a paced stand-in's, once it is ready
         self.delay = 0  # the model's steps from a frame to its word, once it is ready
+        self.voice_activity = False  # whether its Steps say when the speaker pauses
         self.failure: BaseException | None = None
         self.instance = registry.new_instance()  # this process, among pods of one id
         self.stopped = asyncio.Event()  # set when the process should exit (drained/failed)
@@ -238,6 +239,7 @@ class Pod:
     def _on_ready(self, ready: engine_loop.Ready) -> None:
         self.model_id = ready.model_id
         self.delay = ready.delay
+        self.voice_activity = ready.voice_activity
         self.pace = ready.pace
         if ready.pace is not None:
             self.metrics.paced_engine.labels(ready.model_id, ready.pace.measured_on).set(1)

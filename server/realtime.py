@@ -4,8 +4,9 @@ stream, out), so that :mod:`server.realtimews` only moves bytes.
 
 The shapes are the official ``openai`` SDK's (GA, and the beta form a client asks for
 with ``OpenAI-Beta: realtime=v1``). Turns are the client's own commits
-(``turn_detection: null``); the model's voice activity as server VAD is not offered yet,
-and says so. A commit is a marker on the stream, behind which the pod steps the model's
+(``turn_detection: null``, asrpool's default), or those the model's own voice activity
+draws (``server_vad``, ``semantic_vad``: :mod:`server.turns`), each ended by the same
+commit. A commit is a marker on the stream, behind which the pod steps the model's
 delay of silence, so the turn's last words come without more audio; every word the
 model says before the marker comes back is the turn's, sent as a delta, and the
 marker's return completes the turn. A clear is a marker too: the words before it are
@@ -25,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from asrpool.common import protocol, realtime_events
+from asrpool.server import turns
 
 MIN_COMMIT_SAMPLES = protocol.SAMPLE_RATE // 10  # 100 ms, as OpenAI asks
 MAX_APPEND_BYTES = 15 << 20  # of base64, as OpenAI's limit
@@ -45,10 +47,9 @@ class Audio:
 
 @dataclasses.dataclass(frozen=True)
 class Mark:
-    """Push marker ``marker_id``; ``flush``: then the model's delay of silence."""
+    """Push marker ``marker_id``."""
 
     marker_id: int
-    flush: bool
 
 
 Action = Audio | Mark
@@ -64,25 +65,39 @@ class Refused(Exception):
 
 @dataclasses.dataclass
 class _Pending:
-    """A commit (``item_id``) or a clear (``item_id`` empty) whose marker is out."""
+    """A commit (``item_id``) or a clear (``item_id`` empty) whose marker is out. A turn
+    that VAD ended ``until`` a stream time (seconds) takes the words said before it; the
+    others take every word until their marker is back."""
 
     marker_id: int
     item_id: str
     words: list[str]
     samples: int
+    until: float | None = None
+
+    def takes(self, start_time: float) -> bool:
+        return self.until is None or start_time < self.until
 
 
 class Session:
-    def __init__(self, beta: bool) -> None:
-        self.beta = beta
+    """One session's protocol. ``delay``: the model's steps from a frame to its word
+    (what a commit flushes); ``voice_activity``: whether the model says when the speaker
+    pauses (``Step``'s ``prs``), which server VAD needs."""
+
+    def __init__(self, beta: bool, delay: int = 0, voice_activity: bool = False) -> None:
+        self.beta, self.delay, self.voice_activity = beta, delay, voice_activity
         self.transcription: dict[str, Any] = {"model": None, "language": None, "prompt": None}
         self.noise_reduction: dict[str, Any] | None = None
         self.include: list[str] | None = None
-        self.samples = 0  # appended since the last commit or clear
+        self.appended = 0  # samples the client appended
+        self.buffer_start = 0  # of those, where the buffer starts (the last commit or clear)
         self.words: list[str] = []  # heard since then, not yet committed
         self.pending: collections.deque[_Pending] = collections.deque()
         self.previous_item: str | None = None
         self.next_marker = 1
+        self.stream_samples = 0  # pushed to the stream: the client's and the pod's silence
+        self.detector: turns.Detector | None = None  # with server VAD
+        self.speech_item = ""  # the item a started speech will commit
 
     # What the server says first.
 
@@ -105,7 +120,7 @@ class Session:
     def _handle(self, message: dict[str, Any]) -> tuple[list[Event], list[Action]]:
         kind = message["type"]
         if kind == "input_audio_buffer.append":
-            return [], [self._append(message)]
+            return [], [self._pushed(self._append(message))]
         if kind == "input_audio_buffer.commit":
             return self._commit()
         if kind == "input_audio_buffer.clear":
@@ -137,17 +152,29 @@ class Session:
             raise Refused("invalid_value", "Invalid 'audio': 16-bit PCM has an even number "
                           f"of bytes, got {len(data)}.", "audio")
         pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        self.samples += len(pcm)
+        self.appended += len(pcm)
         return Audio(pcm)
 
-    def _commit(self) -> tuple[list[Event], list[Action]]:
-        if self.samples < MIN_COMMIT_SAMPLES:
+    @property
+    def samples(self) -> int:
+        """In the buffer: appended since the last commit or clear."""
+        return self.appended - self.buffer_start
+
+    def _pushed(self, audio: Audio) -> Audio:
+        self.stream_samples += len(audio.pcm)
+        return audio
+
+    def _commit(self, ended: tuple[float, int] | None = None) -> tuple[list[Event], list[Action]]:
+        """The buffer as a turn: all of it (a client's commit), or (VAD's) up to
+        ``ended``: the stream time (seconds) and the client's samples where speech ended."""
+        if self.samples < MIN_COMMIT_SAMPLES and ended is None:
             ms = self.samples * 1000 / protocol.SAMPLE_RATE
             raise Refused("input_audio_buffer_commit_empty", "Error committing input audio "
                           "buffer: buffer too small. Expected at least 100ms of audio, but "
                           f"buffer only has {ms:.2f}ms of audio.")
-        item_id = new_id("item")
-        pending = _Pending(self._marker(), item_id, self.words, self.samples)
+        item_id, self.speech_item = self.speech_item or new_id("item"), ""
+        until, end = (None, self.appended) if ended is None else ended
+        pending = _Pending(self._marker(), item_id, self.words, end - self.buffer_start, until)
         events = [event("input_audio_buffer.committed", item_id=item_id,
                         previous_item_id=self.previous_item)]
         item = {"id": item_id, "object": "realtime.item", "type": "message",
@@ -159,14 +186,26 @@ class Session:
                    for kind in added]
         events += [self._delta(pending, i) for i in range(len(pending.words))]
         self.pending.append(pending)
-        self.previous_item, self.words, self.samples = item_id, [], 0
-        return events, [Mark(pending.marker_id, flush=True)]
+        self.previous_item, self.words, self.buffer_start = item_id, [], end
+        return events, self._flushed(pending.marker_id)
+
+    def _flushed(self, marker_id: int) -> list[Action]:
+        """The stream's last partial frame filled, the marker, then the model's delay of
+        silence (the detector skips it: it is none of the client's audio)."""
+        frame = protocol.FRAME_SIZE
+        pad = Audio(np.zeros(-self.stream_samples % frame, dtype=np.float32))
+        self._pushed(pad)
+        if self.detector is not None:
+            self.detector.inserted(self.stream_samples // frame, self.delay)
+        silence = self._pushed(Audio(np.zeros(self.delay * frame, dtype=np.float32)))
+        return [action for action in (pad, Mark(marker_id), silence)
+                if not isinstance(action, Audio) or len(action.pcm)]
 
     def _clear(self) -> tuple[list[Event], list[Action]]:
         pending = _Pending(self._marker(), "", self.words, self.samples)
         self.pending.append(pending)
-        self.words, self.samples = [], 0
-        return [event("input_audio_buffer.cleared")], [Mark(pending.marker_id, flush=False)]
+        self.words, self.buffer_start = [], self.appended
+        return [event("input_audio_buffer.cleared")], [Mark(pending.marker_id)]
 
     def _marker(self) -> int:
         self.next_marker += 1
@@ -180,6 +219,13 @@ class Session:
                           "'session'.", "session")
         fields = _beta_fields(session) if message["type"].startswith("transcription_") \
             else _ga_fields(session)
+        if fields.get("turn_detection") is not None and not self.voice_activity:
+            raise Refused("invalid_value", "This model has no voice-activity head to detect "
+                          "turns with: set turn_detection to null and commit each turn with "
+                          "input_audio_buffer.commit.", "session.audio.input.turn_detection")
+        if "turn_detection" in fields:
+            detection = fields["turn_detection"]
+            self.detector = None if detection is None else turns.Detector(detection)
         self.transcription = {**self.transcription, **fields.get("transcription", {})}
         if "noise_reduction" in fields:
             self.noise_reduction = fields["noise_reduction"]
@@ -188,19 +234,44 @@ class Session:
 
     # The stream's results.
 
-    def result(self, message: dict[str, Any]) -> list[Event]:
-        """The events for one of the stream's messages (Word and Marker; the rest, none)."""
-        if message.get("type") == "Word" and isinstance(message.get("text"), str):
-            return self._word(message["text"])
-        if message.get("type") == "Marker":
-            return self._marker_back(message.get("id"))
-        return []
+    def result(self, message: dict[str, Any]) -> tuple[list[Event], list[Action]]:
+        """The events for one of the stream's messages (Word, Marker, and with server VAD
+        Step), and what to do to the stream (a turn that VAD ends is committed)."""
+        kind = message.get("type")
+        if kind == "Word" and isinstance(message.get("text"), str):
+            start = message.get("start_time")
+            return self._word(message["text"], start if isinstance(start, float) else 0.0), []
+        if kind == "Marker":
+            return self._marker_back(message.get("id")), []
+        if kind == "Step" and self.detector is not None:
+            return self._step(message)
+        return [], []
 
-    def _word(self, text: str) -> list[Event]:
-        if not self.pending:
+    def _step(self, message: dict[str, Any]) -> tuple[list[Event], list[Action]]:
+        assert self.detector is not None
+        prs, step_idx = message.get("prs"), message.get("step_idx")
+        if not isinstance(prs, list) or not isinstance(step_idx, int):
+            return [], []
+        change = self.detector.step(step_idx, prs)
+        if isinstance(change, turns.Started):
+            self.speech_item = new_id("item")
+            return [event("input_audio_buffer.speech_started", item_id=self.speech_item,
+                          audio_start_ms=change.audio_start_ms)], []
+        if isinstance(change, turns.Stopped):
+            stopped = event("input_audio_buffer.speech_stopped", item_id=self.speech_item,
+                            audio_end_ms=change.audio_end_ms)
+            ended = ((step_idx + 1) * turns.FRAME_MS / 1000,
+                     change.audio_end_ms * protocol.SAMPLE_RATE // 1000)
+            events, actions = self._commit(ended)
+            return [stopped, *events], actions
+        return [], []
+
+    def _word(self, text: str, start_time: float) -> list[Event]:
+        """A word goes to the first turn out that takes it, else to the buffer."""
+        pending = next((p for p in self.pending if p.takes(start_time)), None)
+        if pending is None:
             self.words.append(text)
             return []
-        pending = self.pending[0]
         pending.words.append(text)
         return [self._delta(pending, len(pending.words) - 1)] if pending.item_id else []
 
@@ -229,14 +300,18 @@ class Session:
     def _session(self) -> dict[str, Any]:
         if self.beta:
             return {"object": "realtime.transcription_session", "input_audio_format": "pcm16",
-                    "input_audio_transcription": self.transcription, "turn_detection": None,
+                    "input_audio_transcription": self.transcription,
+                    "turn_detection": self._turn_detection(),
                     "input_audio_noise_reduction": self.noise_reduction,
                     "include": self.include, "modalities": ["text"], "client_secret": None}
         return {"type": "transcription", "object": "realtime.transcription_session",
                 "audio": {"input": {"format": PCM_FORMAT, "transcription": self.transcription,
                                     "noise_reduction": self.noise_reduction,
-                                    "turn_detection": None}},
+                                    "turn_detection": self._turn_detection()}},
                 "include": self.include}
+
+    def _turn_detection(self) -> dict[str, Any] | None:
+        return None if self.detector is None else self.detector.detection.described()
 
 
 def _parse(text: str) -> dict[str, Any]:
@@ -287,10 +362,8 @@ def _beta_fields(session: dict[str, Any]) -> dict[str, Any]:
 def _common(given: dict[str, Any], where: str, transcription_key: str, noise_key: str,
             session: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if given.get("turn_detection") is not None:
-        raise Refused("invalid_value", "asrpool does not detect turns yet: set "
-                      "turn_detection to null and commit each turn with "
-                      "input_audio_buffer.commit.", f"{where}.turn_detection")
+    if "turn_detection" in given:
+        out["turn_detection"] = _turn_detection(given, where)
     if given.get(transcription_key) is not None:
         transcription = _object(given, transcription_key, where)
         _known(transcription, f"{where}.{transcription_key}",
@@ -306,6 +379,17 @@ def _common(given: dict[str, Any], where: str, transcription_key: str, noise_key
                           "of strings.", "session.include")
         out["include"] = include
     return out
+
+
+def _turn_detection(given: dict[str, Any], where: str) -> turns.Detection | None:
+    if given["turn_detection"] is None:
+        return None
+    detection = _object(given, "turn_detection", where)
+    try:
+        return turns.read(detection, f"{where}.turn_detection")
+    except turns.Refused as exc:
+        code = "unknown_parameter" if str(exc).startswith("Unknown") else "invalid_value"
+        raise Refused(code, str(exc), exc.param) from None
 
 
 def _format(given: object) -> None:

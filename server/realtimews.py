@@ -4,9 +4,10 @@ the same slots. The key is ``Authorization: Bearer KEY`` (or Kyutai's header or 
 checked as on ``/api/asr-streaming``; a pod behind routers takes their pod token.
 
 A commit pads the stream's last partial frame, marks it, and pushes the model's delay of
-silence, so the turn's last words come at once. The client is read only while the slot
-has room (backpressure, as for Kyutai's clients), and a client silent for the idle
-timeout is told so and closed.
+silence, so the turn's last words come at once; with server VAD the pod commits each
+turn the model's pauses end, from the stream's ``Step`` messages. The client is read
+only while the slot has room (backpressure, as for Kyutai's clients), and a client
+silent for the idle timeout is told so and closed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 from typing import Any
 
 import msgpack
-import numpy as np
 from starlette import responses, websockets
 
 from asrpool.common import protocol, realtime_events
@@ -40,7 +40,8 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
     await ws.accept(subprotocol=realtime_events.subprotocol(
         ws.headers.get("sec-websocket-protocol", "")))
     session = realtime.Session(
-        beta=ws.headers.get(realtime_events.BETA_HEADER, "").startswith("realtime"))
+        beta=ws.headers.get(realtime_events.BETA_HEADER, "").startswith("realtime"),
+        delay=pod.delay, voice_activity=pod.voice_activity)
     opened = pod.open(resumable=False)
     if isinstance(opened, outcomes.Failed):
         await _end(ws, pod, opened)
@@ -101,26 +102,22 @@ async def _read(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
                                    "binary frames are not supported.")
             await _send(ws, sending, [error])
             continue
-        events, actions = session.receive(text)
-        try:
-            for action in actions:
-                _apply(action, handle, pod.delay)
-        except protocol.ProtocolError as exc:  # too many turns waiting for their words
-            events = [realtime.error(str(exc.code), str(exc))]
-        await _send(ws, sending, events)
+        await _send(ws, sending, _applied(session.receive(text), handle))
 
 
-def _apply(action: realtime.Action, handle: handles.Handle, delay: int) -> None:
-    if isinstance(action, realtime.Audio):
-        handle.push_audio(action.pcm)
-        return
-    if action.flush:  # the last partial frame stepped too, then the words of the delay
-        partial = handle.buffered() % protocol.FRAME_SIZE
-        if partial:
-            handle.push_audio(np.zeros(protocol.FRAME_SIZE - partial, dtype=np.float32))
-    handle.push_marker(action.marker_id)
-    if action.flush:
-        handle.push_audio(np.zeros(delay * protocol.FRAME_SIZE, dtype=np.float32))
+def _applied(said: tuple[list[realtime.Event], list[realtime.Action]],
+             handle: handles.Handle) -> list[realtime.Event]:
+    """The session's actions done to the stream; the events to send."""
+    events, actions = said
+    try:
+        for action in actions:
+            if isinstance(action, realtime.Audio):
+                handle.push_audio(action.pcm)
+            else:
+                handle.push_marker(action.marker_id)
+    except protocol.ProtocolError as exc:  # too many turns waiting for their words
+        return [*events, realtime.error(str(exc.code), str(exc))]
+    return events
 
 
 async def _write(ws: websockets.WebSocket, handle: handles.Handle, session: realtime.Session,
@@ -128,7 +125,7 @@ async def _write(ws: websockets.WebSocket, handle: handles.Handle, session: real
     while True:
         data = await handle.next_output()
         handle.sent()
-        events = session.result(msgpack.unpackb(data, raw=False))
+        events = _applied(session.result(msgpack.unpackb(data, raw=False)), handle)
         if events:
             await _send(ws, sending, events)
 

@@ -70,22 +70,33 @@ def test_audio_is_decoded_from_base64_pcm16() -> None:
     assert action.pcm.tolist() == [0.0, 0.5, -1.0, 32767 / 32768]
 
 
+def said(session: realtime.Session, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events for a stream message that does nothing to the stream."""
+    events, actions = session.result(message)
+    assert actions == []
+    return events
+
+
 def test_a_commit_marks_the_turn_and_its_words_come_as_deltas_then_complete() -> None:
-    session = realtime.Session(beta=False)
+    session = realtime.Session(beta=False, delay=6)
     append(session, 0.5)
-    assert session.result({"type": "Word", "text": "hello", "start_time": 0.1}) == []
-    events, (mark,) = send(session, type="input_audio_buffer.commit")
-    assert isinstance(mark, realtime.Mark) and mark.flush
+    assert said(session, {"type": "Word", "text": "hello", "start_time": 0.1}) == []
+    events, (pad, mark, silence) = send(session, type="input_audio_buffer.commit")
+    assert isinstance(mark, realtime.Mark)
+    assert isinstance(pad, realtime.Audio) and isinstance(silence, realtime.Audio)
+    assert len(pad.pcm) == 1920 - 12_000 % 1920  # the last partial frame, filled
+    assert len(silence.pcm) == 6 * 1920 and not silence.pcm.any()  # the model's delay
     kinds = [e["type"] for e in events]
     assert kinds == ["input_audio_buffer.committed", "conversation.item.added",
                      "conversation.item.done",
                      "conversation.item.input_audio_transcription.delta"]
     item_id = events[0]["item_id"]
     assert events[0]["previous_item_id"] is None and events[3]["delta"] == "hello"
-    (delta,) = session.result({"type": "Word", "text": "world", "start_time": 0.3})
+    (delta,) = said(session, {"type": "Word", "text": "world", "start_time": 0.3})
     assert (delta["item_id"], delta["delta"]) == (item_id, " world")
-    assert session.result({"type": "Step", "step_idx": 3, "prs": [], "buffered_pcm": 0}) == []
-    (completed,) = session.result({"type": "Marker", "id": mark.marker_id})
+    assert said(session, {"type": "Step", "step_idx": 3, "prs": [0.0] * 4,
+                          "buffered_pcm": 0}) == []  # no turn detection: Steps say nothing
+    (completed,) = said(session, {"type": "Marker", "id": mark.marker_id})
     GA.validate_python(delta)
     GA.validate_python(completed)
     assert completed["transcript"] == "hello world" and completed["item_id"] == item_id
@@ -100,13 +111,14 @@ def test_a_clear_drops_the_words_of_the_audio_before_it() -> None:
     session = realtime.Session(beta=False)
     append(session, 0.5)
     (cleared,), (mark,) = send(session, type="input_audio_buffer.clear")
-    assert cleared["type"] == "input_audio_buffer.cleared" and not mark.flush
-    assert session.result({"type": "Word", "text": "dropped", "start_time": 0.1}) == []
-    assert session.result({"type": "Marker", "id": mark.marker_id}) == []
+    assert cleared["type"] == "input_audio_buffer.cleared" and isinstance(mark, realtime.Mark)
+    assert said(session, {"type": "Word", "text": "dropped", "start_time": 0.1}) == []
+    assert said(session, {"type": "Marker", "id": mark.marker_id}) == []
     append(session, 0.5)
-    session.result({"type": "Word", "text": "kept", "start_time": 0.6})
-    _, (commit,) = send(session, type="input_audio_buffer.commit")
-    (completed,) = session.result({"type": "Marker", "id": commit.marker_id})
+    said(session, {"type": "Word", "text": "kept", "start_time": 0.6})
+    _, (_, commit) = send(session, type="input_audio_buffer.commit")  # no delay to flush
+    assert isinstance(commit, realtime.Mark)
+    (completed,) = said(session, {"type": "Marker", "id": commit.marker_id})
     assert completed["transcript"] == "kept"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from pydantic import TypeAdapter
 from tests.support import kyutai_client, servers, streams
 
 STRICT = TypeAdapter(RealtimeServerEvent)
+H200 = Path(__file__).resolve().parents[2] / "bench/results/capacity-stt-1b-en_fr-cuda.json"
 SESSION = {"type": "transcription", "audio": {"input": {
     "format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None,
     "transcription": {"model": "tiny"}}}}
@@ -116,3 +118,60 @@ async def test_a_full_pod_says_why_and_a_request_without_intent_is_refused(
     with pytest.raises(Exception, match="400"):
         async with client.realtime.connect() as conn:
             await conn.recv()
+
+
+async def test_server_vad_turns_come_from_the_pause_head(tmp_path: Path) -> None:
+    """The SDK with ``server_vad`` against a pod whose pause head is known: a paced
+    engine (the committed H200 capacity; no weights), whose ``prs`` rise from 0 to 0.9
+    over every ten steps (``pacing.WORD_EVERY``), so speech starts and stops every 0.8 s.
+    Each turn comes as OpenAI's events in order, strictly as the SDK parses them."""
+    session = {"type": "transcription", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 0,
+        "silence_duration_ms": 160}}}}
+    with servers.ServerProcess(tmp_path, batch_size=2, args=["--paced-engine", str(H200)]) \
+            as server:
+        server.wait_ready()
+        client = openai.AsyncOpenAI(api_key="sk-local", base_url=f"{server.http_url}/v1")
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await events_until(conn, "session.created", 10)
+            await conn.session.update(session=session)
+            (updated,) = await events_until(conn, "session.updated", 10)
+            audio = base64.b64encode(pcm16(3.0, seed=8).tobytes()).decode()
+            await conn.input_audio_buffer.append(audio=audio)
+            turns = await completions(conn, 2)
+    strictly([updated, *turns])
+    assert updated.session.audio.input.turn_detection.type == "server_vad"
+    done = [e for e in turns if e.type.endswith("transcription.completed")]
+    starts = []
+    for completed in done:
+        kinds = [e.type for e in turns if item_of(e) == completed.item_id
+                 and not e.type.endswith(".delta")]
+        assert kinds == [
+            "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed", "conversation.item.added",
+            "conversation.item.done", "conversation.item.input_audio_transcription.completed"]
+        started, stopped = (next(e for e in turns if e.type == kind
+                                 and e.item_id == completed.item_id)
+                            for kind in ("input_audio_buffer.speech_started",
+                                         "input_audio_buffer.speech_stopped"))
+        # Speech for the steps whose pause is under 0.5, stopped two quiet steps on.
+        assert stopped.audio_end_ms - started.audio_start_ms == (5 + 2) * 80
+        starts.append(started.audio_start_ms)
+    assert starts[1] - starts[0] == 10 * 80
+
+
+def item_of(event: Any) -> str | None:
+    item = getattr(event, "item", None)
+    return item.id if item is not None else getattr(event, "item_id", None)
+
+
+async def completions(conn: Any, count: int, timeout: float = 30.0) -> list[Any]:
+    """Every event until ``count`` turns have completed."""
+    out = []
+    async with asyncio.timeout(timeout):
+        async for event in conn:
+            out.append(event)
+            done = [e for e in out if e.type.endswith("transcription.completed")]
+            if len(done) == count:
+                return out
+    raise AssertionError(f"the connection ended early: {[e.type for e in out]}")
