@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,10 @@ def test_the_crd_bounds_slots_per_pod_as_the_server_does() -> None:
     assert f"self <= {most} :" in rule["rule"]
     assert f"from 1 to {most}, or auto" in rule["message"]
     assert most == server_settings.MAX_BATCH_SIZE
+    chart = json.loads((schemas.ROOT / "charts/asrpool/values.schema.json").read_text())
+    example = chart["properties"]["examplePool"]["properties"]
+    assert example["slotsPerPod"]["oneOf"][0]["maximum"] == most
+    assert example["slots"]["maximum"] == crd.at(crd.pool_spec(), "slots")["maximum"]
 
 
 def test_the_operator_uses_the_crd_defaults() -> None:
