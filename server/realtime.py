@@ -10,7 +10,7 @@ commit. A commit is a marker on the stream, behind which the pod steps the model
 delay of silence, so the turn's last words come without more audio; every word the
 model says before the marker comes back is the turn's, sent as a delta, and the
 marker's return completes the turn. A clear is a marker too: the words before it are
-dropped. Audio is 24 kHz 16-bit PCM, base64; G.711 is refused, saying so.
+dropped. Audio is 24 kHz 16-bit PCM, base64, or G.711 (:mod:`server.g711`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from asrpool.common import protocol, realtime_events
-from asrpool.server import turns
+from asrpool.server import g711, turns
 
 MIN_COMMIT_SAMPLES = protocol.SAMPLE_RATE // 10  # 100 ms, as OpenAI asks
 MAX_APPEND_BYTES = 15 << 20  # of base64, as OpenAI's limit
-PCM_FORMAT = {"type": "audio/pcm", "rate": protocol.SAMPLE_RATE}
-BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+PCM = "audio/pcm"
+FORMATS = (PCM, *g711.TABLES)  # audio/pcm, audio/pcmu, audio/pcma
+BETA_FORMATS = {"pcm16": PCM, "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 Event = realtime_events.Event
 new_id = realtime_events.new_id
 event = realtime_events.event
@@ -98,6 +99,8 @@ class Session:
         self.stream_samples = 0  # pushed to the stream: the client's and the pod's silence
         self.detector: turns.Detector | None = None  # with server VAD
         self.speech_item = ""  # the item a started speech will commit
+        self.audio_format = PCM
+        self.g711: g711.Decoder | None = None  # for G.711 audio
 
     # What the server says first.
 
@@ -146,14 +149,19 @@ class Session:
             data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise Refused("invalid_value", "Invalid 'audio'. Expected base64-encoded audio "
-                          "bytes (mono PCM16 at 24kHz) but got an invalid value.",
+                          f"bytes ({self.audio_format}) but got an invalid value.",
                           "audio") from None
+        pcm = self._decoded(data)
+        self.appended += len(pcm)
+        return Audio(pcm)
+
+    def _decoded(self, data: bytes) -> NDArray[np.float32]:
+        if self.g711 is not None:
+            return self.g711.decode(data)
         if len(data) % 2:
             raise Refused("invalid_value", "Invalid 'audio': 16-bit PCM has an even number "
                           f"of bytes, got {len(data)}.", "audio")
-        pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        self.appended += len(pcm)
-        return Audio(pcm)
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
     @property
     def samples(self) -> int:
@@ -226,6 +234,9 @@ class Session:
         if "turn_detection" in fields:
             detection = fields["turn_detection"]
             self.detector = None if detection is None else turns.Detector(detection)
+        if fields.get("format", self.audio_format) != self.audio_format:
+            self.audio_format = fields["format"]
+            self.g711 = None if self.audio_format == PCM else g711.Decoder(self.audio_format)
         self.transcription = {**self.transcription, **fields.get("transcription", {})}
         if "noise_reduction" in fields:
             self.noise_reduction = fields["noise_reduction"]
@@ -299,16 +310,24 @@ class Session:
 
     def _session(self) -> dict[str, Any]:
         if self.beta:
-            return {"object": "realtime.transcription_session", "input_audio_format": "pcm16",
+            beta_format = next(k for k, v in BETA_FORMATS.items() if v == self.audio_format)
+            return {"object": "realtime.transcription_session",
+                    "input_audio_format": beta_format,
                     "input_audio_transcription": self.transcription,
                     "turn_detection": self._turn_detection(),
                     "input_audio_noise_reduction": self.noise_reduction,
                     "include": self.include, "modalities": ["text"], "client_secret": None}
         return {"type": "transcription", "object": "realtime.transcription_session",
-                "audio": {"input": {"format": PCM_FORMAT, "transcription": self.transcription,
+                "audio": {"input": {"format": self._ga_format(),
+                                    "transcription": self.transcription,
                                     "noise_reduction": self.noise_reduction,
                                     "turn_detection": self._turn_detection()}},
                 "include": self.include}
+
+    def _ga_format(self) -> dict[str, Any]:
+        if self.audio_format == PCM:
+            return {"type": PCM, "rate": protocol.SAMPLE_RATE}
+        return {"type": self.audio_format}
 
     def _turn_detection(self) -> dict[str, Any] | None:
         return None if self.detector is None else self.detector.detection.described()
@@ -341,22 +360,26 @@ def _ga_fields(session: dict[str, Any]) -> dict[str, Any]:
     given = _object(audio, "input", "session.audio")
     _known(given, "session.audio.input",
            {"format", "transcription", "turn_detection", "noise_reduction"})
+    out = _common(given, "session.audio.input", "transcription", "noise_reduction", session)
     if "format" in given:
-        _format(given["format"])
-    return _common(given, "session.audio.input", "transcription", "noise_reduction", session)
+        out["format"] = _format(given["format"])
+    return out
 
 
 def _beta_fields(session: dict[str, Any]) -> dict[str, Any]:
     _known(session, "session", {"input_audio_format", "input_audio_transcription",
                                 "turn_detection", "input_audio_noise_reduction", "include",
                                 "modalities", "client_secret"})
-    audio_format = session.get("input_audio_format", "pcm16")
-    if audio_format not in BETA_FORMATS:
-        raise Refused("invalid_value", f"Invalid value: {audio_format!r}. Supported values are: "
-                      "'pcm16', 'g711_ulaw' and 'g711_alaw'.", "session.input_audio_format")
-    _format({"type": BETA_FORMATS[audio_format], "rate": protocol.SAMPLE_RATE})
-    return _common(session, "session", "input_audio_transcription",
-                   "input_audio_noise_reduction", session)
+    out = _common(session, "session", "input_audio_transcription",
+                  "input_audio_noise_reduction", session)
+    if "input_audio_format" in session:
+        audio_format = session["input_audio_format"]
+        if audio_format not in BETA_FORMATS:
+            raise Refused("invalid_value", f"Invalid value: {audio_format!r}. Supported values "
+                          "are: 'pcm16', 'g711_ulaw' and 'g711_alaw'.",
+                          "session.input_audio_format")
+        out["format"] = BETA_FORMATS[audio_format]
+    return out
 
 
 def _common(given: dict[str, Any], where: str, transcription_key: str, noise_key: str,
@@ -392,17 +415,21 @@ def _turn_detection(given: dict[str, Any], where: str) -> turns.Detection | None
         raise Refused(code, str(exc), exc.param) from None
 
 
-def _format(given: object) -> None:
+def _format(given: object) -> str:
+    """A GA ``format``: its type, checked with its rate."""
     if not isinstance(given, dict):
         raise Refused("invalid_type", "Invalid type for 'session.audio.input.format': expected "
                       "an object.", "session.audio.input.format")
-    if given.get("type") != "audio/pcm":
-        raise Refused("invalid_value", f"Invalid value: {given.get('type')!r}. asrpool takes "
-                      "'audio/pcm' (24 kHz 16-bit PCM); G.711 is not supported.",
+    kind = given.get("type")
+    if kind not in FORMATS:
+        raise Refused("invalid_value", f"Invalid value: {kind!r}. Supported values are: "
+                      "'audio/pcm' (24 kHz 16-bit PCM), 'audio/pcmu' and 'audio/pcma'.",
                       "session.audio.input.format.type")
-    if given.get("rate", protocol.SAMPLE_RATE) != protocol.SAMPLE_RATE:
-        raise Refused("invalid_value", f"Invalid value: {given.get('rate')!r}. Expected a "
-                      f"rate of {protocol.SAMPLE_RATE}.", "session.audio.input.format.rate")
+    rate = protocol.SAMPLE_RATE if kind == PCM else g711.RATE
+    if given.get("rate", rate) != rate:
+        raise Refused("invalid_value", f"Invalid value: {given.get('rate')!r}. {kind} has a "
+                      f"rate of {rate}.", "session.audio.input.format.rate")
+    return str(kind)
 
 
 def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:

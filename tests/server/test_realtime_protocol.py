@@ -151,7 +151,10 @@ def test_the_beta_form_names_its_events_as_beta_clients_read_them() -> None:
     ('{"type": "session.update", "session": {"type": "transcription", "bogus": 1}}',
      "unknown_parameter", "session.bogus"),
     ('{"type": "session.update", "session": {"type": "transcription", "audio": {"input": '
-     '{"format": {"type": "audio/pcmu"}}}}}', "invalid_value", "session.audio.input.format.type"),
+     '{"format": {"type": "audio/opus"}}}}}', "invalid_value", "session.audio.input.format.type"),
+    ('{"type": "session.update", "session": {"type": "transcription", "audio": {"input": '
+     '{"format": {"type": "audio/pcmu", "rate": 24000}}}}}', "invalid_value",
+     "session.audio.input.format.rate"),
     ('{"type": "session.update", "session": {"type": "transcription", "audio": {"input": '
      '{"format": {"type": "audio/pcm", "rate": 16000}}}}}', "invalid_value",
      "session.audio.input.format.rate"),
@@ -181,5 +184,5 @@ def test_bad_input_is_an_error_naming_it_and_the_session_goes_on(
 def test_a_refused_update_changes_nothing() -> None:
     session = realtime.Session(beta=False)
     send(session, type="session.update", session={"type": "transcription", "audio": {
-        "input": {"transcription": {"model": "m"}, "format": {"type": "audio/pcma"}}}})
+        "input": {"transcription": {"model": "m"}, "format": {"type": "audio/flac"}}}})
     assert session.transcription["model"] is None
