@@ -58,13 +58,16 @@ def unauthorized(deps: wiring.Deps) -> responses.Response:
 def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None,
                  bearer: bool = False) -> auth.ApiKey | None:
     """The client's key: Kyutai's header or query parameter, or (``bearer``: OpenAI's
-    clients) ``Authorization: Bearer KEY``."""
+    clients) ``Authorization: Bearer KEY`` or a browser's subprotocol key."""
     if keyring is None:
         return ANONYMOUS
     plain = ws.headers.get(protocol.API_KEY_HEADER) or ws.query_params.get(protocol.API_KEY_QUERY)
     if plain is None and bearer:
         scheme, _, token = ws.headers.get("authorization", "").partition(" ")
         plain = token.strip() if scheme.lower() == "bearer" else None
+        if plain is None:  # a browser's, which only a key that allows browsers may be
+            return keyring.find_browsers(realtime_events.browser_key(
+                ws.headers.get("sec-websocket-protocol", "")))
     return keyring.find(plain)
 
 

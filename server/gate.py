@@ -22,19 +22,24 @@ class Gate:
         self.bucket = (rates.TokenBucket(config.new_streams_per_second, config.new_streams_burst)
                        if config.new_streams_per_second else None)
 
-    def refusal(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    def refusal(self, headers: Mapping[str, str], query: Mapping[str, str],
+                browser_key: str | None = None) -> str | None:
         """Why a request is refused before the upgrade (HTTP 401), or None.
 
         A pod with a pod token admits only requests that carry it: the routers', which
         checked the client's API key already (a router never forwards the key), so no key
-        is asked for. A pod without a token checks the API key itself, if it has keys."""
+        is asked for. A pod without a token checks the API key itself, if it has keys
+        (``browser_key``: one an OpenAI client sent as a browser's subprotocol, which only
+        a key that allows browsers may be)."""
         token = auth.revealed(self.pod_token)
         if token is not None:
             sent = headers.get(protocol.POD_TOKEN_HEADER)
             return None if auth.same_secret(sent, token) else protocol.UNAUTHORIZED
         if self.keys is not None:
             plain = headers.get(protocol.API_KEY_HEADER) or query.get(protocol.API_KEY_QUERY)
-            return None if self.keys.find(plain) is not None else protocol.UNAUTHORIZED
+            found = self.keys.find(plain) if plain is not None or browser_key is None else \
+                self.keys.find_browsers(browser_key)
+            return None if found is not None else protocol.UNAUTHORIZED
         return None
 
     def new_stream(self, address: str, headers: Sequence[tuple[bytes, bytes]]

@@ -32,13 +32,14 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
         await ws.send_denial_response(responses.PlainTextResponse(
             f"asrpool serves {PATH}?intent={INTENT} only", status_code=400))
         return
-    refusal = pod.gate.refusal(_with_bearer(ws.headers), ws.query_params)
+    offered = ws.headers.get("sec-websocket-protocol", "")
+    refusal = pod.gate.refusal(_with_bearer(ws.headers), ws.query_params,
+                               realtime_events.browser_key(offered))
     if refusal is not None:
         pod.count_error(protocol.ErrorCode.UNAUTHORIZED)
         await ws.send_denial_response(responses.PlainTextResponse(refusal, status_code=401))
         return
-    await ws.accept(subprotocol=realtime_events.subprotocol(
-        ws.headers.get("sec-websocket-protocol", "")))
+    await ws.accept(subprotocol=realtime_events.subprotocol(offered))
     session = realtime.Session(
         beta=ws.headers.get(realtime_events.BETA_HEADER, "").startswith("realtime"),
         delay=pod.delay, voice_activity=pod.voice_activity)

@@ -37,3 +37,18 @@ def test_a_key_with_pools_may_use_those_and_its_namespaces_only(tmp_path: Path) 
 def test_a_bad_pools_list_is_refused_naming_the_key(tmp_path: Path, pools: object) -> None:
     with pytest.raises(auth.KeyFileError, match=r"keys\[0\]: 'pools' must be a non-empty list"):
         _ring(tmp_path, pools=pools)
+
+
+def test_only_a_key_that_allows_browsers_is_found_as_a_browsers(tmp_path: Path) -> None:
+    plain = "k-secret"
+    for browsers in (True, False):
+        ring = _ring(tmp_path, sha256=auth.hash_key(plain), browsers=browsers)
+        assert ring.find(plain) is not None  # any other way, either key
+        assert (ring.find_browsers(plain) is not None) is browsers
+
+
+@pytest.mark.parametrize("browsers", ["yes", 1, None])
+def test_a_browsers_flag_that_is_not_a_boolean_is_refused(tmp_path: Path,
+                                                          browsers: object) -> None:
+    with pytest.raises(auth.KeyFileError, match=r"keys\[0\]: 'browsers' must be true or false"):
+        _ring(tmp_path, browsers=browsers)

@@ -7,6 +7,7 @@ The file (or the Kubernetes Secret mounted as a file) is YAML or JSON::
         sha256: 5e884898da28...    # hex SHA-256 of the key
         max_streams: 8             # optional limit of concurrent streams (router)
         pools: [speech/stt-en, research/*]   # optional: the pools it may use (router)
+        browsers: true             # optional: may come as OpenAI's browser subprotocol
 
 A key with ``pools`` may use those pools alone (registry names, ``namespace/name``, or
 ``namespace/*`` for every pool of a namespace; a bare name where the router has no pool
@@ -14,7 +15,10 @@ namespace); any other pool is refused before the upgrade with HTTP 403 naming th
 it may use, and nothing is written to Redis (no demand for a pool it may not use).
 
 Clients send the plain key in the ``kyutai-api-key`` header or the ``auth_id`` query
-parameter, as Kyutai's clients do.
+parameter, as Kyutai's clients do; OpenAI's Realtime clients in ``Authorization: Bearer``,
+or, from a browser (which cannot set headers), as the websocket subprotocol
+``openai-insecure-api-key.KEY``, which only a key with ``browsers: true`` may (a key a
+web page holds is a key its visitors can read).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class ApiKey:
     sha256: str
     max_streams: int | None = None
     pools: tuple[str, ...] | None = None  # None: every pool
+    browsers: bool = False  # may come as OpenAI's browser subprotocol
 
     def allows(self, pool: str) -> bool:
         """Whether this key may use ``pool`` (a registry name)."""
@@ -78,6 +83,12 @@ class KeyRing:
             if hmac.compare_digest(key.sha256, digest):
                 match = key
         return match
+
+    def find_browsers(self, plain: str | None) -> ApiKey | None:
+        """The key entry for a key sent as OpenAI's browser subprotocol: only one that
+        allows browsers."""
+        key = self.find(plain)
+        return key if key is not None and key.browsers else None
 
 
 def revealed(secret: pydantic.SecretStr | None) -> str | None:
@@ -145,8 +156,11 @@ def _parse_key(entry: object, path: str | Path, index: int) -> ApiKey:
         raise KeyFileError(f"{where}: 'sha256' must be 64 hex digits (the key's SHA-256)")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise KeyFileError(f"{where}: 'max_streams' must be a positive integer")
+    browsers = entry.get("browsers", False)
+    if not isinstance(browsers, bool):
+        raise KeyFileError(f"{where}: 'browsers' must be true or false")
     return ApiKey(id=key_id, sha256=digest.lower(), max_streams=limit,
-                  pools=_pools(entry.get("pools"), where))
+                  pools=_pools(entry.get("pools"), where), browsers=browsers)
 
 
 def _pools(value: object, where: str) -> tuple[str, ...] | None:

@@ -15,6 +15,7 @@ PATH = "/v1/realtime"
 INTENT = "transcription"  # ?intent=transcription: the only mode asrpool serves
 BETA_HEADER = "openai-beta"  # OpenAI-Beta: realtime=v1, the beta SDK's
 SUBPROTOCOL = "realtime"  # answered where a client offers it (browsers do)
+BROWSER_KEY = "openai-insecure-api-key."  # a browser's key, as a subprotocol: PREFIX + KEY
 SERVER_ERROR = "server_error"
 Event = dict[str, Any]
 
@@ -40,4 +41,14 @@ def encode(item: Event) -> bytes:
 
 def subprotocol(offered: str) -> str | None:
     """The subprotocol to answer for a ``Sec-WebSocket-Protocol`` request header."""
-    return SUBPROTOCOL if SUBPROTOCOL in [p.strip() for p in offered.split(",")] else None
+    return SUBPROTOCOL if SUBPROTOCOL in _offered(offered) else None
+
+
+def browser_key(offered: str) -> str | None:
+    """The API key a browser sent as a subprotocol, if it did."""
+    return next((p.removeprefix(BROWSER_KEY) for p in _offered(offered)
+                 if p.startswith(BROWSER_KEY)), None)
+
+
+def _offered(header: str) -> list[str]:
+    return [p.strip() for p in header.split(",")]

@@ -6,6 +6,7 @@ JSON events, and refuses in the SDK's own terms: ``error`` events it parses."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 import redis.asyncio as aioredis
+import websockets
 
 from asrpool.common import auth, protocol
 from asrpool.router import keys
@@ -26,6 +28,7 @@ from tests.support.redis_servers import RedisServer
 
 POOL = "default"
 KEY = "k-realtime-secret"
+BROWSER_KEY = "k-realtime-page"  # a key that allows browsers
 INTENT = {"intent": "transcription"}
 
 
@@ -43,7 +46,9 @@ def platform(module_redis: RedisServer,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     workdir: Path = tmp_path_factory.mktemp("realtime")
     key_file = workdir / "keys.json"
-    key_file.write_text(json.dumps({"keys": [{"id": "rt", "sha256": auth.hash_key(KEY)}]}))
+    key_file.write_text(json.dumps({"keys": [
+        {"id": "rt", "sha256": auth.hash_key(KEY)},
+        {"id": "page", "sha256": auth.hash_key(BROWSER_KEY), "browsers": True}]}))
     pod = support.pod(module_redis.url, workdir, "rt-pod", 2, POOL)
     router = support.router(module_redis.url, workdir, "--api-keys-file", str(key_file))
     try:
@@ -175,3 +180,21 @@ async def test_a_lost_pod_ends_the_session_with_an_error_event_it_does_not_move(
     finally:
         for pod in pods:
             pod.stop()
+
+
+async def test_a_browser_key_as_a_subprotocol_only_where_the_key_allows_browsers(
+        platform: Platform) -> None:
+    """Browsers cannot set headers: OpenAI's browser clients offer ``realtime`` and
+    ``openai-insecure-api-key.KEY``. The router answers ``realtime``; a key that does not
+    allow browsers is 401 that way (though it works as a Bearer token)."""
+    url = platform.router.url.replace("http", "ws", 1) + "/v1/realtime?intent=transcription"
+    offered = ["realtime", f"openai-insecure-api-key.{BROWSER_KEY}"]
+    async with websockets.connect(url, subprotocols=offered, proxy=None) as ws:
+        created = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        assert ws.subprotocol == "realtime"
+    assert created["type"] == "session.created"
+    with pytest.raises(websockets.InvalidStatus, match="401"):
+        async with websockets.connect(url, subprotocols=["realtime",
+                                                         f"openai-insecure-api-key.{KEY}"],
+                                      proxy=None):
+            pass
