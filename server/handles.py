@@ -9,7 +9,10 @@ output, and finishes with an :data:`outcomes.Outcome`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,6 +21,35 @@ from asrpool.common import protocol
 from asrpool.server import metrics, opuslanes, outcomes, sessions, settings, slots
 
 _DECODE_IN_LOOP = 64 << 10  # larger OggOpus messages are decoded in a thread
+
+
+@dataclasses.dataclass(frozen=True)
+class Connected:
+    """A connection's reader and writer on its stream, and the pod's word to end it."""
+
+    reader: asyncio.Task[outcomes.Outcome]
+    writer: asyncio.Task[None]
+    kick: asyncio.Future[outcomes.Outcome]
+
+
+@contextlib.asynccontextmanager
+async def connected(handle: Handle, resumed: bool,
+                    reader: Coroutine[Any, Any, outcomes.Outcome],
+                    writer: Coroutine[Any, Any, None]) -> AsyncIterator[Connected]:
+    """Attach, run the reader and the writer, and yield once the first of them or the
+    pod's kick is done; on the way out detach and stop both (each protocol's handler
+    decides meanwhile how the stream ended)."""
+    kick = handle.attach(resumed)
+    tasks = Connected(asyncio.create_task(reader), asyncio.create_task(writer), kick)
+    try:
+        waited: set[asyncio.Future[Any]] = {tasks.reader, tasks.writer, kick}
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        yield tasks
+    finally:
+        handle.detach()
+        for task in (tasks.reader, tasks.writer):
+            task.cancel()
+        await asyncio.gather(tasks.reader, tasks.writer, return_exceptions=True)
 
 
 class Handle:

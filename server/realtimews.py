@@ -21,10 +21,11 @@ import msgpack
 from starlette import responses, websockets
 
 from asrpool.common import protocol, realtime_events
-from asrpool.server import handles, outcomes, pods, realtime
+from asrpool.server import budgets, handles, idleness, outcomes, pods, realtime
 
 PATH = realtime_events.PATH
 INTENT = realtime_events.INTENT
+STEP = msgpack.packb("type") + msgpack.packb("Step")  # a Step, after its map's first byte
 
 
 async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
@@ -63,22 +64,14 @@ async def _run(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
                session: realtime.Session) -> None:
     sending = asyncio.Lock()
     await _send(ws, sending, session.opened())
-    kick = handle.attach(False)
-    reader = asyncio.create_task(_read(ws, pod, handle, session, sending))
-    writer = asyncio.create_task(_write(ws, handle, session, sending))
     outcome: outcomes.Outcome = outcomes.Lost()
-    try:
-        waited: set[asyncio.Future[Any]] = {reader, writer, kick}
-        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+    async with handles.connected(handle, False, _read(ws, pod, handle, session, sending),
+                                 _write(ws, handle, session, sending)) as tasks:
+        reader, kick = tasks.reader, tasks.kick
         if reader.done() and not reader.cancelled() and reader.exception() is None:
             outcome = reader.result()
         elif kick.done():
             outcome = kick.result()
-    finally:
-        handle.detach()
-        for task in (reader, writer):
-            task.cancel()
-        await asyncio.gather(reader, writer, return_exceptions=True)
     if isinstance(outcome, outcomes.Failed):
         await _end(ws, pod, outcome)
     handle.finish(outcome)
@@ -86,24 +79,46 @@ async def _run(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
 
 async def _read(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
                 session: realtime.Session, sending: asyncio.Lock) -> outcomes.Outcome:
-    idle = pod.settings.idle_timeout_seconds
+    """The client's events until it leaves or errs, as Kyutai's reader does: idle
+    (``idleness``), over its message budget (``budgets``: audio appends are all but
+    free, other events cost one each), or a frame the router refused in its place."""
+    idle = idleness.IdleWatch(pod.settings.idle_timeout_seconds,
+                              lambda: handle.buffered() >= protocol.FRAME_SIZE)
+    budget = budgets.MessageBudget(pod.settings.max_messages_per_second,
+                                   pod.settings.message_burst)
+    try:
+        return await _read_events(ws, pod, handle, session, sending, idle, budget)
+    except asyncio.CancelledError:
+        if idle.expired():
+            return outcomes.idle(idle.seconds)
+        raise
+    finally:
+        idle.close()
+
+
+async def _read_events(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
+                       session: realtime.Session, sending: asyncio.Lock,
+                       idle: idleness.IdleWatch,
+                       budget: budgets.MessageBudget) -> outcomes.Outcome:
     while True:
         await handle.room()
         try:
-            message = await asyncio.wait_for(ws.receive(), idle)
-        except TimeoutError:
-            return outcomes.idle(idle)
+            message = await idle.receive(ws)
+        except RuntimeError:  # receive after the connection went away
+            return outcomes.Lost()
         if message["type"] == "websocket.disconnect":
             return outcomes.disconnected(int(message.get("code") or protocol.CloseCode.LOST))
+        idle.active()
         text = message.get("text")
         if text is None and (told := protocol.decode_router_refusal(message.get("bytes") or b"")):
             return told  # a message the router refused in the client's place (too large)
-        if text is None:
-            error = realtime.error("invalid_event", "Expected a text WebSocket message; "
-                                   "binary frames are not supported.")
-            await _send(ws, sending, [error])
-            continue
-        await _send(ws, sending, _applied(session.receive(text), handle))
+        said: tuple[list[realtime.Event], list[realtime.Action]] = ([realtime.error(
+            "invalid_event", "Expected a text WebSocket message; binary frames are not "
+            "supported.")], []) if text is None else session.receive(text)
+        samples = sum(len(a.pcm) for a in said[1] if isinstance(a, realtime.Audio))
+        if not budget.spend(samples):
+            return outcomes.over_budget(pod.settings.max_messages_per_second)
+        await _send(ws, sending, _applied(said, handle))
 
 
 def _applied(said: tuple[list[realtime.Event], list[realtime.Action]],
@@ -126,6 +141,8 @@ async def _write(ws: websockets.WebSocket, handle: handles.Handle, session: real
     while True:
         data = await handle.next_output()
         handle.sent()
+        if session.detector is None and data.startswith(STEP, 1):
+            continue  # a Step (one per 80 ms) says nothing without turn detection
         events = _applied(session.result(msgpack.unpackb(data, raw=False)), handle)
         if events:
             await _send(ws, sending, events)

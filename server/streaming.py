@@ -73,13 +73,10 @@ async def _refuse(ws: websockets.WebSocket, pod: pods.Pod, outcome: outcomes.Fai
 
 async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Handle,
                     resumed: bool) -> None:
-    kick = handle.attach(resumed)
-    reader = asyncio.create_task(_read(ws, pod, handle))
-    writer = asyncio.create_task(_write(ws, handle))
-    try:
-        waited: set[asyncio.Future[Any]] = {reader, writer, kick}
-        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-        outcome: outcomes.Outcome
+    outcome: outcomes.Outcome
+    async with handles.connected(handle, resumed, _read(ws, pod, handle),
+                                 _write(ws, handle)) as tasks:
+        reader, writer, kick = tasks.reader, tasks.writer, tasks.kick
         if reader.done():
             outcome = reader.result()
             if isinstance(outcome, outcomes.Failed) and outcome.code in outcomes.CLIENT_FAULTS:
@@ -96,11 +93,6 @@ async def _attached(ws: websockets.WebSocket, pod: pods.Pod, handle: handles.Han
             outcome = _ended(ws)
         if isinstance(outcome, outcomes.Lost) and framing.send_timed_out(ws.scope):
             outcome = outcomes.too_slow(pod.settings.send_timeout_seconds)
-    finally:
-        handle.detach()
-        for task in (reader, writer):
-            task.cancel()
-        await asyncio.gather(reader, writer, return_exceptions=True)
     if isinstance(outcome, outcomes.Failed):
         await _close(ws, pod, handle.take_pending(), outcome)
     elif isinstance(outcome, outcomes.Replaced):  # the new connection takes the outbox

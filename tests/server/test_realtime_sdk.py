@@ -175,3 +175,31 @@ async def completions(conn: Any, count: int, timeout: float = 30.0) -> list[Any]
             if len(done) == count:
                 return out
     raise AssertionError(f"the connection ended early: {[e.type for e in out]}")
+
+
+async def test_an_idle_client_and_one_over_its_message_budget_are_told_and_closed(
+        tmp_path: Path) -> None:
+    """As a Kyutai client would be: ``idle_timeout`` after the idle timeout, and
+    ``too_many_messages`` once events without audio outrun the budget; appends of
+    audio are not held against it."""
+    args = ["--idle-timeout-seconds", "1", "--max-messages-per-second", "5",
+            "--message-burst", "10"]
+    with servers.ServerProcess(tmp_path, batch_size=2, args=args) as server:
+        server.wait_ready()
+        client = openai.AsyncOpenAI(api_key="sk-local", base_url=f"{server.http_url}/v1")
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await events_until(conn, "session.created", 10)
+            (idle,) = await events_until(conn, "error", 10)
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await events_until(conn, "session.created", 10)
+            chunk = base64.b64encode(pcm16(0.08, seed=1).tobytes()).decode()
+            for _ in range(30):  # 2.4 s of audio in 30 appends: within budget
+                await conn.input_audio_buffer.append(audio=chunk)
+            for _ in range(30):
+                await conn.session.update(session=SESSION)
+            said = await events_until(conn, "error", 10)
+    strictly([idle, said[-1]])
+    assert idle.error.code == "idle_timeout"
+    assert said[-1].error.code == "too_many_messages"
+    assert [e.type for e in said[:-1]] == ["session.updated"] * (len(said) - 1)
+    assert 5 <= len(said) - 1 < 30  # the burst's updates were answered, not all thirty
