@@ -18,6 +18,12 @@ thousand on two cores:
 
     asrpool bench server --paced-engine bench/results/capacity-stt-1b-en_fr-cuda.json \
         --batch-size 1024 --clients 256,512,768,1024 --client-processes 1 --engine-process
+
+``--protocols kyutai,realtime`` runs each round of N clients in both protocols, side by
+side on the same pod: OpenAI's Realtime clients (:mod:`realtimeclients`) append one frame
+per event and commit at the end; their rows give the pod's loop CPU per frame, the time
+to ``session.created`` and the turn's ``completed`` after its commit, instead of the
+per-frame latency (the protocol sends no ``Step``).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import numpy as np
 from websockets.asyncio import client as ws_client
 from websockets.exceptions import InvalidStatus
 
-from asrpool.bench import cli, reports, rtclients
+from asrpool.bench import cli, realtimeclients, reports, rtclients
 from asrpool.common import processes, protocol
 
 SAMPLE_RATE = protocol.SAMPLE_RATE
@@ -52,6 +58,7 @@ FRAME = protocol.FRAME_SIZE
 FRAME_SECONDS = FRAME / SAMPLE_RATE
 FRAME_MS = round(FRAME_SECONDS * 1000)
 MESSAGE_MS = (10, 20, 40, FRAME_MS)  # the pieces of a frame a client may send it in
+PROTOCOLS = ("kyutai", "realtime")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -95,12 +102,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also run the pod of this git commit (a worktree of it), a "
                              "round of it before each round of this tree's: both in one "
                              "JSON (rounds_before), side by side (file -vs-REF)")
+    parser.add_argument("--protocols", default="kyutai",
+                        help="comma-separated: kyutai, realtime (each round in each)")
     parser.add_argument("--out", default="bench/results")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    protocols = args.protocols.split(",")
+    if not set(protocols) <= set(PROTOCOLS) or (
+            "realtime" in protocols and (args.raw_clients or args.paced_engine)):
+        raise SystemExit("asrpool bench server: --protocols takes kyutai and realtime, "
+                         "realtime with the websockets clients (not --raw-clients or "
+                         "--paced-engine)")
     if args.paced_engine is not None:
         args.model, args.raw_clients = _paced_model(args.paced_engine), True
     counts = [int(n) for n in args.clients.split(",")]
@@ -122,7 +137,7 @@ def main(argv: list[str]) -> int:
         for n in counts:  # the two pods' rounds of n alternate: the machine's moods hit both
             if earlier is not None:
                 rows_before.append(_run_round(earlier, n, args))
-            rows.append(_run_round(server, n, args))
+            rows += [_run_round(server, n, args, kind) for kind in protocols]
     result = _result(args, rows, rss.samples, ready_s)
     if args.before is not None:
         result |= {"before": args.before, "rounds_before": rows_before,
@@ -161,6 +176,8 @@ def _out_path(args: argparse.Namespace, suffix: str) -> Path:
         mode += f"-inflight{args.batches_in_flight}"
     if args.intake_workers:
         mode += f"-intake{args.intake_workers}"
+    if args.protocols != "kyutai":
+        mode += "-" + args.protocols.replace(",", "-")
     if args.before is not None:
         mode += f"-vs-{args.before}"
     return Path(args.out) / f"server-{args.model}-{args.device}-b{args.batch_size}{mode}{suffix}"
@@ -189,19 +206,24 @@ def _result(args: argparse.Namespace, rows: list[dict[str, Any]],
     }
 
 
-def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[str, Any]:
+def _run_round(server: _Server, clients: int, args: argparse.Namespace,
+               kind: str = "kyutai") -> dict[str, Any]:
     before, cpu_before = server.metrics(), _pod_cpu_s(server.pid)
     started = time.monotonic()
-    results = _run_clients(server.ws_url, clients, args)
+    results = _run_clients(server.ws_url, clients, args) if kind == "kyutai" else \
+        realtimeclients.run_group(realtimeclients.url_of(server.http_url), args.seconds,
+                                  list(range(clients)))
     wall = time.monotonic() - started
     after, cpu_after = server.metrics(), _pod_cpu_s(server.pid)
     latencies = sorted(lat for r in results for lat in r["latencies"])
+    frames = sum(r.get("frames", len(r["latencies"])) for r in results)
     return {
+        "protocol": kind,
         "clients": clients,
         "refused": sum(r["refused"] for r in results),
         # Streams the pod ended because it fell too far behind real time (--shed-seconds).
         "shed": sum(r.get("shed", 0) for r in results),
-        "frames": len(latencies),
+        "frames": frames,
         "p50_latency_s": _quantile(latencies, 0.5),
         "p99_latency_s": _quantile(latencies, 0.99),
         "max_latency_s": latencies[-1] if latencies else None,
@@ -218,12 +240,24 @@ def _run_round(server: _Server, clients: int, args: argparse.Namespace) -> dict[
         # (websocket layer, decoding, results), which bench capacity's host work does not
         # all see. 80 ms over it is one loop's ceiling in streams.
         "loop_us_per_frame": _per_frame(cpu_after["event_loop"] - cpu_before["event_loop"],
-                                        len(latencies)),
+                                        frames),
+        # OpenAI's clients: session.created after the connect, completed after the commit.
+        **_realtime_waits(results),
         "messages_per_frame": _pieces(args),
         # Cores the raw clients used (None for the websockets clients): what the pod
         # could not have on this machine.
         "client_cpu_cores": _client_cores(results, wall),
     }
+
+
+def _realtime_waits(results: list[dict[str, Any]]) -> dict[str, float | None]:
+    waits: dict[str, float | None] = {}
+    for name in ("created_s", "completed_s"):
+        values = sorted(r[name] for r in results if name in r)
+        if values:
+            waits |= {f"{name[:-2]}_p50_s": _quantile(values, 0.5),
+                      f"{name[:-2]}_max_s": values[-1]}
+    return waits
 
 
 def _client_cores(results: list[dict[str, Any]], wall: float) -> float | None:
@@ -413,6 +447,7 @@ class _Server:
         except processes.StartError as exc:
             raise SystemExit(str(exc)) from exc
         self.pid = self.child.process.pid
+        self.http_url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/api/asr-streaming"
 
     def wait_ready(self, timeout: float = 600) -> float:
@@ -489,18 +524,25 @@ def _print_summary(result: dict[str, Any], path: Path) -> None:
     print(f"server bench: {result['model']} b{result['batch_size']} -> {path}")
     for row in result["rounds"]:
         p50, p99 = row["p50_latency_s"], row["p99_latency_s"]
-        print(f"  N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
+        print(f"  {row['protocol']:8s} N={row['clients']:3d}  p50={_ms(p50)}  p99={_ms(p99)}  "
               f"step={_ms(row['mean_step_s'])}{_handover(row)}  "
               f"lag p99<={_ms(row['step_lag_p99_s'])}  "
               f"refused={row['refused']}  shed={row['shed']}  "
               f"cores: {_cores(row['pod_cpu_cores'])}  "
-              f"loop/frame={row['loop_us_per_frame']}us")
+              f"loop/frame={row['loop_us_per_frame']}us{_waits(row)}")
     rss = [mib for _, mib in result["rss_mib_over_time"]]
     if rss:
         print(f"  RSS MiB: min {min(rss)}  max {max(rss)}  median {statistics.median(rss)}")
     print(f"  largest N in real time (p99 <= {result['max_p99_for_realtime_s']} s): "
           f"{result['largest_realtime_clients']}; a thread's wake-up here costs "
           f"{result['wake_us']} us of CPU")
+
+
+def _waits(row: dict[str, Any]) -> str:
+    if "created_p50_s" not in row:
+        return ""
+    return (f"  session.created p50={_ms(row['created_p50_s'])}  "
+            f"completed after commit p50={_ms(row.get('completed_p50_s'))}")
 
 
 def _cores(cores: dict[str, float]) -> str:

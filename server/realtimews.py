@@ -138,14 +138,25 @@ def _applied(said: tuple[list[realtime.Event], list[realtime.Action]],
 
 async def _write(ws: websockets.WebSocket, handle: handles.Handle, session: realtime.Session,
                  sending: asyncio.Lock) -> None:
-    while True:
-        data = await handle.next_output()
-        handle.sent()
-        if session.detector is None and data.startswith(STEP, 1):
-            continue  # a Step (one per 80 ms) says nothing without turn detection
-        events = _applied(session.result(msgpack.unpackb(data, raw=False)), handle)
-        if events:
-            await _send(ws, sending, events)
+    handle.write_through(lambda messages: _unread(session, messages))
+    try:
+        while True:
+            data = await handle.next_output()
+            handle.sent()
+            if _unread(session, [data]):
+                continue
+            events = _applied(session.result(msgpack.unpackb(data, raw=False)), handle)
+            if events:
+                await _send(ws, sending, events)
+    finally:
+        handle.write_through(None)
+
+
+def _unread(session: realtime.Session, messages: list[bytes]) -> bool:
+    """Whether the stream's messages say nothing to this session: Steps (one per 80 ms)
+    without turn detection. They are dropped where the step posts them, before they
+    wake the writer."""
+    return session.detector is None and all(m.startswith(STEP, 1) for m in messages)
 
 
 async def _send(ws: websockets.WebSocket, sending: asyncio.Lock,

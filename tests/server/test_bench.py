@@ -30,6 +30,24 @@ def test_bench_server_writes_json(tmp_path: Path) -> None:
     assert first["loop_us_per_frame"] > 0
 
 
+def test_bench_server_runs_both_protocols_side_by_side(tmp_path: Path) -> None:
+    assert bench_server.main(["--model", "tiny", "--batch-size", "2", "--clients", "2",
+                              "--seconds", "1", "--torch-threads", "1",
+                              "--protocols", "kyutai,realtime", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server-tiny-cpu-b2-kyutai-realtime.json").read_text())
+    kyutai, realtime = result["rounds"]
+    assert (kyutai["protocol"], realtime["protocol"]) == ("kyutai", "realtime")
+    assert kyutai["frames"] == realtime["frames"] == 24 and realtime["refused"] == 0
+    assert realtime["loop_us_per_frame"] > 0
+    assert 0 < realtime["created_p50_s"] <= realtime["created_max_s"]
+    assert 0 < realtime["completed_p50_s"] <= realtime["completed_max_s"]
+
+
+def test_bench_server_refuses_realtime_with_raw_clients(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="realtime with the websockets clients"):
+        bench_server.main(["--protocols", "realtime", "--raw-clients", "--out", str(tmp_path)])
+
+
 def test_bench_server_runs_an_earlier_commits_pod_beside_this_ones(tmp_path: Path) -> None:
     assert bench_server.main(["--model", "tiny", "--batch-size", "1", "--clients", "1",
                               "--seconds", "1", "--torch-threads", "1", "--before", "HEAD",
