@@ -11,6 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test prerequisites lint typecheck unit system-deps cluster-binaries images clean \
+  node-clients \
   parity parity-deps
 
 # The product with its dev extras, and the developers' harness (harness/: experiments,
@@ -30,7 +31,14 @@ test: prerequisites
 # What the tests need, made side by side: each is cached per machine, and on a fresh
 # one the Go build (CPU), pip's installs and the image builds (network, disk) overlap.
 prerequisites: system-deps
-	$(MAKE) -j3 $(STAMP) cluster-binaries images
+	$(MAKE) -j3 $(STAMP) cluster-binaries images node-clients
+
+# OpenAI's official Node SDK, pinned (tests/node/package-lock.json), for the Node client's
+# test (tests/router/test_realtime_node.py), from the npm registry.
+NODE_CLIENTS := tests/node/node_modules/.package-lock.json
+node-clients: $(NODE_CLIENTS)
+$(NODE_CLIENTS): tests/node/package-lock.json
+	cd tests/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
 # The project's images (tests/images, tests/nodes), built without Docker and without
 # pulling by tools/images/build; layers, the Debian base and torch's wheels are cached
@@ -86,4 +94,4 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/node/node_modules
