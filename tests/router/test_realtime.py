@@ -36,6 +36,7 @@ INTENT = {"intent": "transcription"}
 class Platform:
     pod: servers.ServerProcess
     router: support.RouterProcess
+    key_file: Path
 
     def client(self, key: str = KEY, base: str = "") -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(api_key=key, base_url=f"{self.router.url}{base}/v1")
@@ -57,7 +58,7 @@ def platform(module_redis: RedisServer,
         router.start()
         support.wait_until(lambda: support.pods_in_view(router, key=KEY) == 1, 20,
                            "the pod in view")
-        yield Platform(pod, router)
+        yield Platform(pod, router, key_file)
     finally:
         router.kill()
         pod.stop()
@@ -198,3 +199,32 @@ async def test_a_browser_key_as_a_subprotocol_only_where_the_key_allows_browsers
                                                          f"openai-insecure-api-key.{KEY}"],
                                       proxy=None):
             pass
+
+
+async def test_a_router_that_stops_tells_its_sessions_and_frees_their_slots(
+        platform: Platform, module_redis: RedisServer, tmp_path: Path,
+        redis: aioredis.Redis) -> None:
+    """A router told to stop drains (here for a second): then its realtime sessions hear
+    ``draining`` and close 1013 (they do not resume: another router takes them anew),
+    and their slots are given back at once, not after a resume grace."""
+    workdir = tmp_path / "draining"
+    workdir.mkdir()
+    stopping = support.router(module_redis.url, workdir, "--api-keys-file",
+                              str(platform.key_file),
+                              "--drain-grace-seconds", "1")
+    stopping.start()
+    try:
+        support.wait_until(lambda: support.pods_in_view(stopping, key=KEY) == 1, 20,
+                           "the pod in view")
+        client = openai.AsyncOpenAI(api_key=KEY, base_url=f"{stopping.url}/v1")
+        async with client.realtime.connect(extra_query=INTENT) as conn:
+            await events_until(conn, "session.created", 20)
+            assert _used(platform) == 1
+            stopping.proc.send_signal(signal.SIGTERM)
+            (error,) = await events_until(conn, "error", 30)
+        strictly([error])
+        assert error.error.code == "draining"
+    finally:
+        stopping.kill()
+    await support.async_wait_until(lambda: _nothing_held(platform, redis), 10,
+                                   "the slot and the session to be freed")
