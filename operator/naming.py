@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asrpool.common import registry
+from asrpool.common import protocol, registry
 
 GROUP = "asrpool.io"
 VERSION = "v1alpha1"
@@ -26,6 +26,16 @@ def registry_name(namespace: str, pool_name: str) -> str:
     """The pool in the slot registry: ``namespace/name``, so that pools of one name in
     two namespaces never share pods (router.poolnames resolves clients' names)."""
     return registry.in_namespace(namespace, pool_name)
+
+
+def streaming_url(router_url: str | None, registry: str) -> str | None:
+    """Where a client streams to the pool through the routers at ``router_url``
+    (``/pools/NAMESPACE/NAME/api/asr-streaming``; OpenAI's clients take ``/v1`` there
+    instead of ``/api/asr-streaming``), or None when the operator was not told where the
+    routers are."""
+    if router_url is None:
+        return None
+    return f"{router_url}/pools/{registry}{protocol.STREAMING_PATH}"
 
 
 def selector(pool_name: str) -> dict[str, str]:

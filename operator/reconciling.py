@@ -82,7 +82,8 @@ async def reconcile(context: Context, body: kopf.Body) -> Result:
                or statuses.pod_problem(deployment, pods))
     observed = dataclasses.replace(
         _observed(body, pool.name, pool.pods, deployment, beats, problem),
-        slots_per_pod=statuses.SlotsPerPod(pool.slots_per_pod, _sized_by(pool, measured)))
+        slots_per_pod=statuses.SlotsPerPod(pool.slots_per_pod, _sized_by(pool, measured)),
+        url=naming.streaming_url(context.config.router_url, pool.registry_name))
     scaled_from = current if current is not None and current != pool.pods else None
     return Result(pool, observed, actions, scaled_from, costs_set)
 

@@ -105,6 +105,12 @@ class OperatorSettings(redis_clients.RedisSettings, logs.LogSettings):
         default=None, ge=0, description="this replica's peering priority (default: a random"
         " one)")
 
+    # Where clients reach the routers: each pool's status.url is its streaming URL there.
+    router_url: str | None = pydantic.Field(
+        default=None, pattern=r"^wss?://[^/?#]+$", description="the routers' address as "
+        "clients reach them, ws[s]://HOST[:PORT] (each pool's status.url is its streaming "
+        "URL there; default: no status.url)")
+
     @pydantic.field_validator("namespaces", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:

@@ -139,6 +139,7 @@ class Observed:
     slot_use: usage.Usage | None
     problem: Problem | None = None
     slots_per_pod: SlotsPerPod | None = None  # None: the spec is invalid
+    url: str | None = None  # where clients stream to the pool (status.url)
 
 
 def build(observed: Observed, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
@@ -154,6 +155,8 @@ def build(observed: Observed, previous: Mapping[str, Any], now: str) -> dict[str
     if observed.slots_per_pod is not None:
         status["slotsPerPod"] = observed.slots_per_pod.slots
         status["slotsPerPodFrom"] = observed.slots_per_pod.sized_by
+    if observed.url is not None:
+        status["url"] = observed.url
     status["conditions"] = conditions(observed, previous.get("conditions") or [], now)
     return status
 

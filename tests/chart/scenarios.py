@@ -82,7 +82,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                             "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"}},
         },
     },
-    "load-balancer": {"router": {"service": {"type": "LoadBalancer"}}},
+    "load-balancer": {"router": {"service": {"type": "LoadBalancer",
+                                             "externalTrafficPolicy": "Local"},
+                                 "url": "wss://speech.example.org"}},
     "external-redis-with-password": {
         "redis": {"enabled": False, "external": {
             "url": "rediss://redis.example.internal:6380/2",

@@ -253,3 +253,30 @@ def pool_crd_schema() -> dict[str, Any]:
     crd = rendering.load_yaml(rendering.ROOT / "crds" / "streamingasrpools.asrpool.io.yaml")[0]
     schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema
+
+
+@pytest.mark.parametrize(("values", "url"), [
+    ({}, f"ws://{rendering.RELEASE}-asrpool-router.{rendering.NAMESPACE}.svc:80"),
+    ({"router": {"ingress": {"enabled": True, "host": "asr.example.com"}}},
+     "ws://asr.example.com"),
+    ({"router": {"ingress": {"enabled": True, "host": "asr.example.com",
+                             "tlsSecretName": "asr-tls"}}}, "wss://asr.example.com"),
+    ({"router": {"url": "wss://speech.example.com:8443"}}, "wss://speech.example.com:8443"),
+])
+def test_the_operator_is_told_where_clients_reach_the_routers(values: dict[str, Any],
+                                                              url: str) -> None:
+    """Each pool's status.url is its streaming URL at the routers' address, which the
+    operator takes as its settings take it (a bad one would stop it at start)."""
+    operator = rendering.deployment(rendering.render(values), "operator")
+    env = {e["name"]: e.get("value") for e in rendering.container(operator)["env"]}
+    assert env["ASRPOOL_ROUTER_URL"] == url
+    operator_settings.OperatorSettings(all_namespaces=True, router_url=url)
+
+
+def test_the_router_service_keeps_client_addresses_when_asked() -> None:
+    values = {"router": {"service": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"}}}
+    name = f"{rendering.RELEASE}-asrpool-router"
+    service = rendering.one(rendering.render(values), "Service", name)
+    assert service["spec"]["externalTrafficPolicy"] == "Local"
+    default = rendering.one(rendering.render({}), "Service", name)
+    assert "externalTrafficPolicy" not in default["spec"]

@@ -162,3 +162,14 @@ def test_replicas_draw_distinct_priorities_unless_given() -> None:
     assert running.priority(given) == 5
     drawn = {running.priority(settings.OperatorSettings(namespaces=["a"])) for _ in range(8)}
     assert len(drawn) == 8 and all(1 <= p <= running.MAX_PRIORITY for p in drawn)
+
+
+def test_the_routers_address_is_a_websocket_origin(capsys: pytest.CaptureFixture[str]) -> None:
+    """--router-url makes each pool's status.url; anything but ws[s]://HOST[:PORT] is
+    refused at start, naming the flag."""
+    config = cli.load_settings(parse("-n", "a", "--router-url", "wss://asr.example.com"))
+    assert config.router_url == "wss://asr.example.com"
+    for bad in ("https://asr.example.com", "wss://asr.example.com/", "asr.example.com"):
+        args = parse("-n", "a", "--router-url", bad)
+        assert args.handler(args) == 2
+        assert "router" in capsys.readouterr().err.lower()

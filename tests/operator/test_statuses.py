@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from asrpool.common import registry
-from asrpool.operator import statuses, usage
+from asrpool.operator import naming, statuses, usage
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -42,6 +42,14 @@ def test_a_healthy_pool() -> None:
         "lastTransitionTime": NOW, "observedGeneration": 3}
     assert conditions["Progressing"]["status"] == "False"
     assert conditions["Degraded"]["status"] == "False"
+
+
+def test_the_status_says_where_clients_stream_when_the_routers_address_is_known() -> None:
+    url = naming.streaming_url("wss://asr.example.com", "speech/stt")
+    assert url == "wss://asr.example.com/pools/speech/stt/api/asr-streaming"
+    assert statuses.build(observed(url=url), {}, NOW)["url"] == url
+    assert naming.streaming_url(None, "speech/stt") is None
+    assert "url" not in statuses.build(observed(), {}, NOW)
 
 
 def test_pods_not_ready_yet() -> None:

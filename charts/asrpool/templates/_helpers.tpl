@@ -180,3 +180,16 @@ entries: this release's router pods, and Prometheus (metrics share the server po
 {{- $prometheus := dict "namespaceSelector" .Values.networkPolicy.prometheus.namespaceSelector "podSelector" .Values.networkPolicy.prometheus.podSelector }}
 {{- list $router $prometheus | toJson }}
 {{- end }}
+
+{{/* Where clients reach the routers (the operator's ASRPOOL_ROUTER_URL): router.url, else
+the Ingress's host (wss with its TLS secret), else the router Service in the cluster. */}}
+{{- define "asrpool.routerUrl" -}}
+{{- $ingress := .Values.router.ingress -}}
+{{- if .Values.router.url -}}
+{{ .Values.router.url }}
+{{- else if and $ingress.enabled $ingress.host -}}
+{{ ternary "wss" "ws" (not (empty $ingress.tlsSecretName)) }}://{{ $ingress.host }}
+{{- else -}}
+ws://{{ include "asrpool.fullname" . }}-router.{{ .Release.Namespace }}.svc:{{ .Values.router.service.port }}
+{{- end -}}
+{{- end -}}
