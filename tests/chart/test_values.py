@@ -129,3 +129,10 @@ def _get(tree: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         tree = tree[key]
     return tree
+
+
+def test_the_charts_icon_is_a_file_of_this_repository() -> None:
+    """Chart.yaml names its icon by the repository's raw URL: the file is there."""
+    chart = yaml.safe_load((rendering.CHART / "Chart.yaml").read_text())
+    path = chart["icon"].split("/main/", 1)[1]
+    assert (rendering.ROOT / path).is_file(), chart["icon"]
