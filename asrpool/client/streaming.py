@@ -18,13 +18,11 @@ import numpy as np
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
+from asrpool.client import errors
 from asrpool.common import protocol
 
 MARKER_ID = 0
-
-
-class StreamError(RuntimeError):
-    """The stream could not run or was cut; the message says why, in one line."""
+StreamError = errors.StreamError  # and its kinds: errors.Refused, one per refusal code
 
 
 @dataclasses.dataclass
@@ -131,7 +129,7 @@ async def _connection(url: str, plan: list[dict[str, Any]], state: _Resume,
             writer.cancel()
             return reader.result()
     except InvalidStatus as exc:
-        raise StreamError(_status_message(exc.response.status_code)) from exc
+        raise errors.from_status(exc.response.status_code) from exc
     except InvalidURI as exc:
         raise StreamError(f"not a websocket URL: {url}") from exc
     except (OSError, TimeoutError) as exc:
@@ -170,12 +168,6 @@ async def _await_marker(reader: asyncio.Task[str], timeout: float) -> None:
     if not done:
         reader.cancel()
         raise StreamError(f"no transcript end (marker) {timeout:g} s after the audio ended")
-
-
-def _status_message(status: int) -> str:
-    if status == 401:
-        return "authentication failed (HTTP 401): check --api-key"
-    return f"the server refused the websocket upgrade (HTTP {status})"
 
 
 def as_opus(messages: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -245,7 +237,7 @@ async def _read_until_marker(ws: Any, received: list[dict[str, Any]],
             received.append(message)
             on_message(message)
             if message.get("type") == "Error":
-                raise StreamError(f"server error: {message.get('message')}")
+                raise errors.from_error(message)
             if message.get("type") == "Marker" and message.get("id") == MARKER_ID:
                 return _MARKER
     except ConnectionClosed:

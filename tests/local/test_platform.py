@@ -158,7 +158,7 @@ def test_stream_reports_a_bad_key(tmp_path: Path) -> None:
         result = _asrpool("stream", server.ws_url, str(SAMPLE), "--api-key", "wrong-key")
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "asrpool stream: authentication failed (HTTP 401): check --api-key")
+        "asrpool stream: authentication failed (HTTP 401): check the API key")
 
 
 async def test_stream_reports_a_busy_pool(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ async def test_stream_reports_a_busy_pool(tmp_path: Path) -> None:
             assert msgpack.unpackb(await holder.recv())["type"] == "Ready"
             result = await asyncio.to_thread(_asrpool, "stream", server.ws_url, str(SAMPLE))
     assert result.returncode == 1
-    assert result.stderr.strip() == "asrpool stream: server error: no free channels"
+    assert result.stderr.strip() == "asrpool stream: server error (busy): no free channels"
 
 
 def test_stream_sends_opus_and_a_pod_with_lanes_hears_what_one_without_does(
