@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"  # the live page (index.html, live.js, vendor/)
 POOL_PREFIX = "/pools/"  # /pools/{pool}/api/asr-streaming names a pool in its path
+# With an admin port (--admin-port), served there alone; the probes on both ports.
+ADMIN_PATHS = frozenset({"/metrics", "/api/build_info", "/api/modules_info"})
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 STREAMING_PATHS = (protocol.STREAMING_PATH, realtime_events.PATH)  # Kyutai's, OpenAI's
 
 
@@ -142,10 +145,14 @@ class StreamingFastPath:
     router's CPU per stream opened and closed, ``bench/results/router-vs-nginx.json``);
     all else goes to ``app``, whose own streaming routes serve the same way."""
 
-    def __init__(self, app: fastapi.FastAPI) -> None:
+    def __init__(self, app: fastapi.FastAPI, admin_port: int | None = None) -> None:
         self.app = app
+        self.admin_port = admin_port
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] in ("http", "websocket") and not self._served_here(scope):
+            await _not_found(scope, receive, send)
+            return
         if scope["type"] == "websocket":
             route, pool = streaming_pool(scope["path"], scope["query_string"])
             if route is not None:
@@ -156,6 +163,23 @@ class StreamingFastPath:
                 await serve(ws, pool, self.app.state.deps)
                 return
         await self.app(scope, receive, send)
+
+
+    def _served_here(self, scope: asgi.Scope) -> bool:
+        """With an admin port, each port serves its own paths (the probes, both)."""
+        if self.admin_port is None or scope["path"] in PROBE_PATHS:
+            return True
+        on_admin = (scope.get("server") or ("", None))[1] == self.admin_port
+        return (scope["path"] in ADMIN_PATHS) == on_admin
+
+
+async def _not_found(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+    """404 for a path this port does not serve (a websocket: refused before its upgrade)."""
+    answer = responses.PlainTextResponse("not found on this port", status_code=404)
+    if scope["type"] == "websocket":
+        await starlette_ws.WebSocket(scope, receive, send).send_denial_response(answer)
+    else:
+        await answer(scope, receive, send)
 
 
 async def _redis_view(

@@ -43,7 +43,7 @@ def uvicorn_config(config: settings.RouterSettings,
     # and refuses a client address over its new streams per second (router.throttling).
     deps = deps or wiring.build(config)
     uv_config = uvicorn.Config(
-        app.StreamingFastPath(app.create_app(config, deps)),
+        app.StreamingFastPath(app.create_app(config, deps), config.admin_port),
         host=config.host,
         port=config.port,
         loop="uvloop",
@@ -73,17 +73,23 @@ def serve(config: settings.RouterSettings) -> int:
 def _run(config: settings.RouterSettings, sock: socket.socket | None) -> int:
     deps = wiring.build(config)
     server = draining.DrainingRouter(uvicorn_config(config, deps), deps)
-    server.run(sockets=[sock] if sock is not None else None)
+    sockets = [sock] if sock is not None else []
+    if config.admin_port is not None:  # both ports, then: uvicorn binds none itself
+        sockets = (sockets or [_bind(config, config.workers > 1)]) + [
+            _bind(config, config.workers > 1, config.admin_port)]
+    server.run(sockets=sockets or None)
     return 0 if server.started else 1
 
 
-def _bind(config: settings.RouterSettings, reuse_port: bool) -> socket.socket:
+def _bind(config: settings.RouterSettings, reuse_port: bool,
+          port: int | None = None) -> socket.socket:
+    """A listening socket on ``port`` (default: the public one)."""
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((config.host, config.port))
+    sock.bind((config.host, config.port if port is None else port))
     sock.set_inheritable(True)
     return sock
 

@@ -30,6 +30,12 @@ class RouterSettings(redis_clients.RedisSettings, logs.LogSettings, limits.Limit
         description=f"Redis of the slot registry ({redis_clients.URL_FORMS})")
     host: str = pydantic.Field(default="0.0.0.0", description="address to listen on")
     port: int = pydantic.Field(default=8080, ge=0, le=65535, description="port to listen on")
+    # The public port then serves what clients use alone (streams, uploads, the live
+    # page, /api/pools): the metrics and the router's internals stay off an Ingress.
+    admin_port: int | None = pydantic.Field(
+        default=None, ge=1, le=65535, description="serve /metrics, /api/build_info, "
+        "/api/modules_info and the probes on this port alone, not on --port (default: "
+        "everything on --port)")
     policy: policies.Policy = pydantic.Field(
         default="pack", description="pack: busiest pod with room; spread: emptiest pod")
     api_keys_file: Path | None = pydantic.Field(
@@ -134,6 +140,13 @@ class RouterSettings(redis_clients.RedisSettings, logs.LogSettings, limits.Limit
     def asks_no_key(self) -> bool:
         """No API key file: anyone who reaches the router may stream."""
         return self.api_keys_file is None
+
+    @pydantic.model_validator(mode="after")
+    def _admin_port_of_its_own(self) -> RouterSettings:
+        if self.admin_port is not None and self.admin_port == self.port:
+            raise ValueError(f"--admin-port {self.admin_port} is --port too: give it a port "
+                             "of its own")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _one_kind_of_pod_token(self) -> RouterSettings:

@@ -129,12 +129,22 @@ def test_the_server_service_monitor_picks_the_operators_services_and_labels_the_
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
 
 
-def test_the_router_service_monitor_picks_the_router_service() -> None:
+def test_the_router_service_monitor_picks_the_routers_admin_port_alone() -> None:
+    """The metrics are on the routers' admin port, which only an in-cluster Service
+    reaches: the public Service (and the Ingress on it) serve the client port alone."""
     manifests = rendering.render(SCENARIOS["monitoring"])
     monitor = rendering.one(manifests, "ServiceMonitor", "demo-asrpool-router")
-    service = rendering.one(manifests, "Service", "demo-asrpool-router")
-    assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
-    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    admin = rendering.one(manifests, "Service", "demo-asrpool-router-admin")
+    public = rendering.one(manifests, "Service", "demo-asrpool-router")
+    assert selects(monitor["spec"]["selector"], admin["metadata"]["labels"])
+    assert not selects(monitor["spec"]["selector"], public["metadata"]["labels"])
+    assert monitor["spec"]["endpoints"][0]["port"] == admin["spec"]["ports"][0]["name"]
+    assert admin["spec"]["type"] == "ClusterIP"
+    assert [p["targetPort"] for p in public["spec"]["ports"]] == ["http"]
+    router = rendering.container(rendering.deployment(manifests, "router"))
+    env = {e["name"]: e.get("value") for e in router["env"]}
+    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
+    assert int(env["ASRPOOL_ADMIN_PORT"]) == ports["admin"] != int(env["ASRPOOL_PORT"])
 
 
 def exported_metrics() -> set[str]:
