@@ -18,6 +18,11 @@ from prometheus_client import multiprocess
 
 from asrpool.router import sharedmetrics
 
+# Per API key: at most this many keys by id, the rest together (a key file of thousands of
+# keys must not make thousands of series); streams without keys are "anonymous".
+MAX_KEY_LABELS = 200
+OTHER_KEYS, ANONYMOUS = "other", "anonymous"
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -77,6 +82,17 @@ class Metrics:
         self.redis_errors = prometheus_client.Counter(
             "asrpool_router_redis_errors", "Redis calls that failed", ["op"], registry=r
         )
+        # What each API key used: to bill or limit by (keys past MAX_KEY_LABELS: other).
+        self.key_streams = prometheus_client.Counter(
+            "asrpool_router_key_streams", "Streams admitted (new, not resumed), per API key",
+            ["key"], registry=r,
+        )
+        self.key_audio_seconds = prometheus_client.Counter(
+            "asrpool_router_key_audio_seconds",
+            "Seconds of audio clients sent (Kyutai's PCM streams), per API key, counted at "
+            "each connection's end", ["key"], registry=r,
+        )
+        self._key_labels: set[str] = set()
         # The configured prices, so that dashboards compute cost from one setting.
         self.gpu_hour_price = prometheus_client.Gauge(
             "asrpool_router_gpu_hour_price_dollars",
@@ -90,6 +106,16 @@ class Metrics:
         )
         self.gpu_hour_price.set(math.nan)
         self.gpus_per_pod.set(1)
+
+    def key_label(self, key_id: str) -> str:
+        """The ``key`` label of an API key: its id, while fewer than MAX_KEY_LABELS have
+        been seen by this process; ``other`` after."""
+        if not key_id:
+            return ANONYMOUS
+        if key_id in self._key_labels or len(self._key_labels) < MAX_KEY_LABELS:
+            self._key_labels.add(key_id)
+            return key_id
+        return OTHER_KEYS
 
     def publish_pricing(self, gpu_hour_price: float | None, gpus_per_pod: float) -> None:
         self.gpu_hour_price.set(math.nan if gpu_hour_price is None else gpu_hour_price)

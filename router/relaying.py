@@ -109,6 +109,7 @@ class Relay:
         self.meters = meters.relayed
         self.counted = [0, 0]  # messages up and down already counted
         self.samples = 0  # of audio the client sent: the stream's clock (router.retiming)
+        self.samples_before = 0  # of those, sent before this connection (a resume's)
         self.messages_before = 0  # sent to the client before this connection (a resume's)
         self.up.peek = self._peek
         # Markers the client sent that no pod has answered yet (by id, oldest first): a
@@ -131,6 +132,7 @@ class Relay:
         """A resumed stream: its client had sent ``samples`` and been sent ``messages``;
         its pod's times are ``shift`` samples behind the stream's (it was moved there)."""
         self.samples, self.messages_before = samples, messages
+        self.samples_before = samples
         if shift:
             self.moved, self.moved_at = retiming.PodFrames(self.max_bytes), shift
 

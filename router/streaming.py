@@ -186,6 +186,7 @@ async def _start(
         return
     deps.meters.admission_seconds.observe(time.perf_counter() - started)
     deps.meters.admissions.labels(pool, "new").inc()
+    deps.meters.key_streams.labels(deps.meters.key_label(key.id)).inc()
     await run(ws, request, placed[0], placed[1], deps, dialect=dialect)
 
 
@@ -331,6 +332,8 @@ async def run(
     finally:
         deps.sessions.discard(session)
         deps.meters.sessions_open.dec()
+        audio = (relay.samples - relay.samples_before) / protocol.SAMPLE_RATE
+        deps.meters.key_audio_seconds.labels(deps.meters.key_label(request.key_id)).inc(audio)
     await finish(ws, relay, session, opened, end, deps)
 
 
