@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test prerequisites lint typecheck unit system-deps cluster-binaries images clean \
-  node-clients \
+  node-clients promtool \
   parity parity-deps
 
 # The product with its dev extras, and the developers' harness (harness/: experiments,
@@ -31,7 +31,20 @@ test: prerequisites
 # What the tests need, made side by side: each is cached per machine, and on a fresh
 # one the Go build (CPU), pip's installs and the image builds (network, disk) overlap.
 prerequisites: system-deps
-	$(MAKE) -j3 $(STAMP) cluster-binaries images node-clients
+	$(MAKE) -j3 $(STAMP) cluster-binaries images node-clients promtool
+
+# promtool, which checks and unit-tests the chart's alert rules (tests/chart/test_alerts.py):
+# taken out of Debian's prometheus package, not installed (no service, no users).
+PROMTOOL_DIR := $(HOME)/.cache/asrpool/promtool
+PROMTOOL := $(PROMTOOL_DIR)/usr/bin/promtool
+promtool: $(PROMTOOL)
+$(PROMTOOL):
+	@mkdir -p $(PROMTOOL_DIR)/deb
+	cd $(PROMTOOL_DIR)/deb && { apt-get download -qq prometheus 2>/dev/null \
+	  || { apt-get update -qq && apt-get download -qq prometheus; }; }
+	dpkg-deb -x $(PROMTOOL_DIR)/deb/prometheus_*.deb $(PROMTOOL_DIR)
+	rm -rf $(PROMTOOL_DIR)/deb
+	test -x $(PROMTOOL)
 
 # OpenAI's official Node SDK, pinned (tests/node/package-lock.json), for the Node client's
 # test (tests/router/test_realtime_node.py), from the npm registry.

@@ -146,6 +146,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
                                "interval": "30s"},
             "dashboard": {"labels": {"grafana_dashboard": "asr"}, "namespace": "grafana"},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"},
+                               "refusingFor": "15m", "drainingFor": "2h",
+                               "errorsPerSecond": 1},
         },
         "networkPolicy": {"prometheus": {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},

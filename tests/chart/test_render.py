@@ -23,7 +23,8 @@ from tests.chart.scenarios import SCENARIOS
 
 OLDEST = "1.30.0"
 NEWEST = kubernetes_validate.utils.latest_version()
-CUSTOM_KINDS = {"StreamingASRPool", "ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+CUSTOM_KINDS = {"StreamingASRPool", "ServiceMonitor", "PrometheusRule", "KopfPeering",
+                "ClusterKopfPeering"}
 
 # The fields of monitoring.coreos.com/v1 ServiceMonitor the chart uses, closed to typos.
 # Hand-written (the Prometheus Operator's CRD is not vendored here): a narrow check.
@@ -53,6 +54,24 @@ SERVICE_MONITOR = {
                                            "targetLabel": {"type": "string"}}}}}}},
             },
         },
+    },
+}
+
+
+# The fields of monitoring.coreos.com/v1 PrometheusRule the chart uses (promtool checks
+# the rules themselves: tests/chart/test_alerts.py).
+PROMETHEUS_RULE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object"},
+        "spec": {"type": "object", "additionalProperties": False, "required": ["groups"],
+                 "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                     "type": "object", "additionalProperties": False,
+                     "required": ["name", "rules"],
+                     "properties": {"name": {"type": "string"}, "rules": {"type": "array"}}}}}},
     },
 }
 
@@ -94,6 +113,8 @@ def validate_custom(manifest: rendering.Manifest) -> None:
     elif manifest["kind"] in {"KopfPeering", "ClusterKopfPeering"}:
         assert manifest["apiVersion"] == "kopf.dev/v1"
         jsonschema.Draft7Validator(peering_schema(manifest["kind"])).validate(manifest)
+    elif manifest["kind"] == "PrometheusRule":
+        jsonschema.Draft7Validator(PROMETHEUS_RULE).validate(manifest)
     else:
         jsonschema.Draft7Validator(SERVICE_MONITOR).validate(manifest)
 
@@ -203,8 +224,9 @@ def test_the_kubernetes_validate_command_passes_the_rendered_chart(
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     warned = set(re.findall(r"Couldn't find schema for kind (\w+)", done.stdout))
-    # Checked by validate_custom instead (a namespaced operator peers in KopfPeerings).
-    assert warned == CUSTOM_KINDS - {"ClusterKopfPeering"}
+    # Checked by validate_custom instead (a namespaced operator peers in KopfPeerings;
+    # this scenario has no alert rules).
+    assert warned == CUSTOM_KINDS - {"ClusterKopfPeering", "PrometheusRule"}
 
 
 @pytest.mark.parametrize("example", sorted(p.stem for p in (rendering.ROOT / "crds/examples").glob(
