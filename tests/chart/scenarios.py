@@ -82,6 +82,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                             "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"}},
         },
     },
+    "gateway": {"router": {"httpRoute": {
+        "enabled": True, "parentRefs": [{"name": "public", "namespace": "gateways"}],
+        "hostnames": ["asr.example.org"], "annotations": {"example/team": "speech"}}}},
     "load-balancer": {"router": {"service": {"type": "LoadBalancer",
                                              "externalTrafficPolicy": "Local"},
                                  "url": "wss://speech.example.org"}},

@@ -23,8 +23,8 @@ from tests.chart.scenarios import SCENARIOS
 
 OLDEST = "1.30.0"
 NEWEST = kubernetes_validate.utils.latest_version()
-CUSTOM_KINDS = {"StreamingASRPool", "ServiceMonitor", "PrometheusRule", "KopfPeering",
-                "ClusterKopfPeering"}
+CUSTOM_KINDS = {"StreamingASRPool", "ServiceMonitor", "PrometheusRule", "HTTPRoute",
+                "KopfPeering", "ClusterKopfPeering"}
 
 # The fields of monitoring.coreos.com/v1 ServiceMonitor the chart uses, closed to typos.
 # Hand-written (the Prometheus Operator's CRD is not vendored here): a narrow check.
@@ -76,6 +76,32 @@ PROMETHEUS_RULE = {
 }
 
 
+# The fields of gateway.networking.k8s.io/v1 HTTPRoute the chart uses.
+HTTP_ROUTE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "gateway.networking.k8s.io/v1"},
+        "kind": {"const": "HTTPRoute"},
+        "metadata": {"type": "object"},
+        "spec": {"type": "object", "additionalProperties": False,
+                 "required": ["parentRefs", "rules"],
+                 "properties": {
+                     "parentRefs": {"type": "array", "minItems": 1,
+                                    "items": {"type": "object", "required": ["name"]}},
+                     "hostnames": {"type": "array", "items": {"type": "string"}},
+                     "rules": {"type": "array", "items": {
+                         "type": "object", "additionalProperties": False,
+                         "properties": {"matches": {"type": "array"}, "backendRefs": {
+                             "type": "array", "items": {
+                                 "type": "object", "additionalProperties": False,
+                                 "required": ["name", "port"],
+                                 "properties": {"name": {"type": "string"},
+                                                "port": {"type": "integer"}}}}}}}}},
+    },
+}
+
+
 @functools.cache
 def crd() -> dict[str, Any]:
     path = rendering.ROOT / "crds" / "streamingasrpools.asrpool.io.yaml"
@@ -115,6 +141,8 @@ def validate_custom(manifest: rendering.Manifest) -> None:
         jsonschema.Draft7Validator(peering_schema(manifest["kind"])).validate(manifest)
     elif manifest["kind"] == "PrometheusRule":
         jsonschema.Draft7Validator(PROMETHEUS_RULE).validate(manifest)
+    elif manifest["kind"] == "HTTPRoute":
+        jsonschema.Draft7Validator(HTTP_ROUTE).validate(manifest)
     else:
         jsonschema.Draft7Validator(SERVICE_MONITOR).validate(manifest)
 
@@ -226,7 +254,7 @@ def test_the_kubernetes_validate_command_passes_the_rendered_chart(
     warned = set(re.findall(r"Couldn't find schema for kind (\w+)", done.stdout))
     # Checked by validate_custom instead (a namespaced operator peers in KopfPeerings;
     # this scenario has no alert rules).
-    assert warned == CUSTOM_KINDS - {"ClusterKopfPeering", "PrometheusRule"}
+    assert warned == CUSTOM_KINDS - {"ClusterKopfPeering", "PrometheusRule", "HTTPRoute"}
 
 
 @pytest.mark.parametrize("example", sorted(p.stem for p in (rendering.ROOT / "crds/examples").glob(

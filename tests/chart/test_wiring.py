@@ -290,3 +290,17 @@ def test_the_router_service_keeps_client_addresses_when_asked() -> None:
     assert service["spec"]["externalTrafficPolicy"] == "Local"
     default = rendering.one(rendering.render({}), "Service", name)
     assert "externalTrafficPolicy" not in default["spec"]
+
+
+def test_the_http_route_sends_every_path_to_the_routers_client_port() -> None:
+    manifests = rendering.render(SCENARIOS["gateway"])
+    route = rendering.one(manifests, "HTTPRoute", "demo-asrpool-router")
+    service = rendering.one(manifests, "Service", "demo-asrpool-router")
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert (backend["name"], backend["port"]) == (service["metadata"]["name"],
+                                                  service["spec"]["ports"][0]["port"])
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert route["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways"}]
+    with pytest.raises(Exception, match="parentRefs"):  # a route attached to nothing
+        rendering.render({"router": {"httpRoute": {"enabled": True}}})
