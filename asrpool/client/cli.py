@@ -42,7 +42,7 @@ def _stream(args: argparse.Namespace) -> int:
     if args.rtf <= 0:
         return _fail("--rtf must be positive")
     if args.mic:
-        return _fail(printing.microphone_problem())
+        return printing.stream_microphone(args)
     if not args.file:
         return _fail("give an audio FILE, or --mic")
     return printing.stream_file(args)

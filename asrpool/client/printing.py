@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from typing import Any
 
@@ -38,15 +39,27 @@ def stream_file(args: argparse.Namespace) -> int:
     return 0
 
 
-def microphone_problem() -> str:
-    """Why --mic cannot run here (it needs a sound input device and PortAudio)."""
-    try:
-        import sounddevice
+def stream_microphone(args: argparse.Namespace) -> int:
+    """The microphone's words, live, until Ctrl-C (then the last words, and exit 0)."""
+    from asrpool.client import microphone
 
-        device = sounddevice.query_devices(kind="input")
-    except (ImportError, OSError, ValueError) as exc:
-        return f"--mic needs a sound input device: {exc}"
-    return f"--mic is not supported yet (found input device {device['name']!r})"
+    problem = microphone.problem()
+    if problem is not None:
+        return _fail(problem)
+    print("listening (Ctrl-C to stop)", file=sys.stderr)
+
+    async def listen() -> streaming.StreamResult:
+        stop = asyncio.Event()  # Ctrl-C ends the recording; the last words still come
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        return await streaming.stream_live(args.url, microphone.frames(stop),
+                                           api_key=args.api_key,
+                                           on_message=_WordPrinter(args.json))
+
+    try:
+        asyncio.run(listen())
+    except streaming.StreamError as exc:
+        return _fail(str(exc))
+    return 0
 
 
 def _progress(quiet: bool) -> Progress:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -70,6 +70,65 @@ async def stream_messages(
         if ended is not _DROPPED or state.token is None:
             return StreamResult(state.received, ended is _MARKER)
     return StreamResult(state.received, False)
+
+
+async def stream_live(
+    url: str,
+    frames: AsyncIterator[Any],
+    *,
+    api_key: str | None = None,
+    on_message: Callable[[dict[str, Any]], None] = lambda _: None,
+    timeout: float = 60.0,
+) -> StreamResult:
+    """Send audio as it is recorded (``frames``: float samples at 24 kHz, each sent as it
+    comes, real time by nature) until the source ends, then a marker and silence until
+    the marker is back, so that the last words come. One connection: a live source
+    cannot be sent again from where a resumed server stands."""
+    received: list[dict[str, Any]] = []
+    headers = {protocol.API_KEY_HEADER: api_key} if api_key else {}
+    try:
+        async with connect(streaming_url(url), additional_headers=headers, max_size=None,
+                           open_timeout=timeout) as ws:
+            reader = asyncio.create_task(_read_until_marker(ws, received, on_message))
+            try:
+                async for frame in frames:
+                    if reader.done():
+                        break
+                    await _send_audio(ws, frame)
+                await ws.send(msgpack.packb({"type": "Marker", "id": MARKER_ID}))
+                await _flush_until(reader, ws, timeout)
+            finally:
+                reader.cancel()
+            ended = await asyncio.gather(reader, return_exceptions=True)
+    except InvalidStatus as exc:
+        raise errors.from_status(exc.response.status_code) from exc
+    except (OSError, TimeoutError) as exc:
+        raise StreamError(f"cannot stream to {url}: {exc}") from exc
+    if isinstance(ended[0], BaseException) and not isinstance(ended[0],
+                                                              asyncio.CancelledError):
+        raise ended[0]
+    return StreamResult(received, ended[0] == _MARKER)
+
+
+async def _send_audio(ws: Any, pcm: Any) -> None:
+    samples = np.asarray(pcm, dtype=np.float32)
+    await ws.send(msgpack.packb({"type": "Audio", "pcm": samples.tolist()},
+                                use_single_float=True))
+
+
+async def _flush_until(reader: asyncio.Task[str], ws: Any, timeout: float) -> None:
+    """Silence at real time until the reader has the marker (the model's delay), at
+    most ``timeout`` seconds."""
+    silence = np.zeros(protocol.FRAME_SIZE, dtype=np.float32)
+    frame_seconds = protocol.FRAME_SIZE / protocol.SAMPLE_RATE
+    for _ in range(int(timeout / frame_seconds)):
+        if reader.done():
+            return
+        try:
+            await _send_audio(ws, silence)
+        except ConnectionClosed:
+            return
+        await asyncio.wait({reader}, timeout=frame_seconds)
 
 
 MAX_RESUMES = 5
