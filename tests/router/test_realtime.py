@@ -11,7 +11,7 @@ import base64
 import dataclasses
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -62,13 +62,6 @@ def platform(module_redis: RedisServer,
     finally:
         router.kill()
         pod.stop()
-
-
-@pytest.fixture
-async def redis(module_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(module_redis.url, decode_responses=True)
-    yield client
-    await client.aclose()
 
 
 def _used(platform: Platform) -> int:
