@@ -59,6 +59,7 @@ async def test_live_audio_is_transcribed_as_kyutais_client_hears_it(
     result = await streaming.stream_live(pod.ws_url, at_real_time(frames),
                                          on_message=heard.append)
     assert result.marker_seen
+    pod.wait_idle()  # its one slot: a closed stream frees it a moment later
     expected = await kyutai_client.transcribe(pod.ws_url, audio.load_audio(SAMPLE),
                                               realtime=4.0)
     ends = len(frames) * FRAME / protocol.SAMPLE_RATE - 0.5

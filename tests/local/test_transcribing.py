@@ -19,15 +19,23 @@ SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
+def one_slot_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.ServerProcess]:
     with servers.ServerProcess(tmp_path_factory.mktemp("client"), batch_size=1) as server:
         server.wait_ready()
         yield server
 
 
+@pytest.fixture
+def pod(one_slot_pod: servers.ServerProcess) -> servers.ServerProcess:
+    """The pod with its one slot free (a closed stream frees it a moment later)."""
+    one_slot_pod.wait_idle()
+    return one_slot_pod
+
+
 async def test_a_files_words_are_those_kyutais_client_hears(
         pod: servers.ServerProcess) -> None:
     got = [word async for word in transcribing.words(pod.ws_url, SAMPLE, rtf=4.0)]
+    pod.wait_idle()
     heard = await kyutai_client.transcribe(pod.ws_url, audio.load_audio(SAMPLE), realtime=4.0)
     expected = [m for m in heard if m["type"] == "Word"]
     assert got, "the tiny model says words for the sample: a comparison, not two empties"
