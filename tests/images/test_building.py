@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.images import containers
 from tests.images.conftest import BUILD, IMAGES, ROOT, Built
+from tests.support import imagebuilds
 
 
 def inspect(name: str, field: str) -> str:
@@ -65,11 +66,25 @@ def test_no_ca_bundle_is_left_in_an_image_but_debians_own(images: dict[str, Buil
 
 def test_a_second_build_is_cached_and_keeps_the_ids(images: dict[str, Built]) -> None:
     done = subprocess.run([str(BUILD), "control", "redis", "pause"], capture_output=True,
-                          text=True, timeout=600, check=False)
+                          text=True, timeout=600, check=False,
+                          env=imagebuilds.build_environment())
     assert done.returncode == 0, done.stderr[-2000:]
     for line in done.stdout.splitlines():
         image, _, image_id = line.split()[:3]
         assert image_id == images[image].id, line
+
+
+def test_the_tests_build_on_the_cached_base_without_asking_the_mirror(
+        images: dict[str, Built]) -> None:
+    """ASRPOOL_IMAGES_BASE=cached: a mirror that cannot be reached is never asked (one
+    that published a new snapshot mid-suite would rebuild every image)."""
+    env = {**imagebuilds.build_environment(), "ASRPOOL_DEBIAN_MIRROR": "http://127.0.0.1:9"}
+    done = subprocess.run([str(BUILD), "control"], capture_output=True, text=True,
+                          timeout=600, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Release files" not in done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.split()[2] == images["control"].id
 
 
 def test_an_unknown_image_is_one_line_naming_the_choices() -> None:
