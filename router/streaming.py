@@ -63,8 +63,7 @@ def authenticate(ws: requests.HTTPConnection, keyring: auth.KeyRing | None,
         return ANONYMOUS
     plain = ws.headers.get(protocol.API_KEY_HEADER) or ws.query_params.get(protocol.API_KEY_QUERY)
     if plain is None and bearer:
-        scheme, _, token = ws.headers.get("authorization", "").partition(" ")
-        plain = token.strip() if scheme.lower() == "bearer" else None
+        plain = realtime_events.bearer_key(ws.headers)
         if plain is None:  # a browser's, which only a key that allows browsers may be
             return keyring.find_browsers(realtime_events.browser_key(
                 ws.headers.get("sec-websocket-protocol", "")))

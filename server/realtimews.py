@@ -54,9 +54,9 @@ async def serve(ws: websockets.WebSocket, pod: pods.Pod) -> None:
 def _with_bearer(headers: Any) -> dict[str, str]:
     """The request's headers, a Bearer token as Kyutai's key header (one key for both)."""
     out = dict(headers)
-    scheme, _, token = out.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token and protocol.API_KEY_HEADER not in out:
-        out[protocol.API_KEY_HEADER] = token.strip()
+    token = realtime_events.bearer_key(headers)
+    if token is not None and protocol.API_KEY_HEADER not in out:
+        out[protocol.API_KEY_HEADER] = token
     return out
 
 

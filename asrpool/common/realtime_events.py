@@ -44,6 +44,12 @@ def subprotocol(offered: str) -> str | None:
     return SUBPROTOCOL if SUBPROTOCOL in _offered(offered) else None
 
 
+def bearer_key(headers: Any) -> str | None:
+    """The key of ``Authorization: Bearer KEY`` (OpenAI's clients send theirs so), if any."""
+    scheme, _, token = str(headers.get("authorization", "")).partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
 def browser_key(offered: str) -> str | None:
     """The API key a browser sent as a subprotocol, if it did."""
     return next((p.removeprefix(BROWSER_KEY) for p in _offered(offered)
