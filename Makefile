@@ -60,17 +60,18 @@ images: system-deps
 	tools/images/build
 
 # The control-plane tests (tests/cluster) need kube-apiserver & co., built from source by
-# Go and cached outside the repository (the first build takes about ten minutes).
+# Go and cached outside the repository (the first build takes about ten minutes), with
+# the helm CLI and the Prometheus Operator's CRDs that the production guide's test uses.
 # Without Go they skip with one line saying why; under CI=true that skip is a failure.
 cluster-binaries:
-	@if command -v go >/dev/null; then tools/cluster/build >/dev/null; \
+	@if command -v go >/dev/null; then tools/cluster/build >/dev/null && tools/cluster/user-tools >/dev/null; \
 	else echo "no Go toolchain: the control-plane tests (tests/cluster) will skip"; fi
 
 # Debian packages the tests need, installed when missing: Chromium (the live page's
 # test); image builders and a static libc for the pause image (tools/images/build,
 # tests/images); a container runtime, CNI plugins and netfilter tools (the real nodes,
-# tests/nodes).
-TEST_DEBS = chromium buildah podman runc mmdebstrap uidmap gcc libc6-dev curl skopeo \
+# tests/nodes; a registry the guide's test pushes the images to and the nodes pull from).
+TEST_DEBS = chromium buildah podman runc mmdebstrap uidmap gcc libc6-dev curl skopeo docker-registry \
   containerd containernetworking-plugins nftables iptables conntrack iproute2 util-linux \
   busybox-static file
 system-deps:

@@ -48,8 +48,8 @@ def test_no_page_is_over_800_lines() -> None:
 
 # The pages' commands: what they name exists (the chart's values, the repository's files,
 # asrpool's subcommands and flags). The guides' steps themselves run where this machine
-# can run them: the client guide's in tests/test_client_guide.py, the production path in
-# tests/nodes/test_chart.py.
+# can run them: the client guide's in tests/test_client_guide.py, the production guide's in
+# tests/nodes/test_guide.py.
 BASH = re.compile(r"```bash\n(.*?)```", re.DOTALL)
 SET = re.compile(r"--set\s+([A-Za-z0-9_.]+)=")
 REPO_PATH = re.compile(

@@ -4,7 +4,9 @@ CRI with runc (crun refuses this kind of VM's hybrid cgroups), cgroupfs, the nod
 configuration, the locally built pause image, no registry mirrors, and
 ``restrict_oom_score_adj`` (no CAP_SYS_RESOURCE here: a container's OOM score may not go
 below containerd's own). The node's namespace has no route off the machine, so a pull
-can only fail; the tests set ``imagePullPolicy: Never``.
+from anywhere but the cluster's own registry address (:data:`netns.REGISTRY`, plain
+HTTP on the host's bridge, where a test may run a registry) can only fail; the other
+tests set ``imagePullPolicy: Never``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from asrpool.common import processes
-from asrpool_harness.localcluster import cni
+from asrpool_harness.localcluster import cni, netns
 
 # tools/images/build pause: its tag is the one Kubernetes' build/pause/Makefile gives.
 PAUSE_IMAGE = "localhost/asrpool/pause:3.10.1"
@@ -66,6 +68,11 @@ class Paths:
     def runc_root(self) -> Path:
         return self.directory / "runc"
 
+    @property
+    def registry_hosts(self) -> Path:
+        """containerd's hosts folder: one ``HOST:PORT/hosts.toml`` per registry."""
+        return self.directory / "certs.d"
+
 
 def config(paths: Paths, cni_conf_dir: Path) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -109,13 +116,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   max_conf_num = 1
 
 [{cri}.registry]
-  config_path = ""
+  config_path = "{paths.registry_hosts}"
+"""
+
+
+def registry_hosts(address: str) -> str:
+    """A registry at ``address`` spoken to in plain HTTP, for pulls."""
+    return f"""server = "http://{address}"
+
+[host."http://{address}"]
+  capabilities = ["pull", "resolve"]
 """
 
 
 def write(paths: Paths, cni_conf_dir: Path) -> None:
     paths.directory.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(config(paths, cni_conf_dir))
+    hosts = paths.registry_hosts / netns.REGISTRY
+    hosts.mkdir(parents=True, exist_ok=True)
+    (hosts / "hosts.toml").write_text(registry_hosts(netns.REGISTRY))
 
 
 def ctr(paths: Paths, *args: str, timeout: float = 600.0, stdin: IO[bytes] | None = None) -> str:

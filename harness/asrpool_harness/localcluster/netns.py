@@ -28,6 +28,9 @@ from pathlib import Path
 from asrpool.common import processes
 
 HOST_ADDRESS = "198.18.0.1"
+# Where the nodes pull images from, in plain HTTP, when a registry listens there
+# (containerd.registry_hosts).
+REGISTRY = f"{HOST_ADDRESS}:5000"
 NODE_NETWORK = "198.18.0.0/24"
 POD_NETWORKS = "198.18.16.0/20"  # every node's pod range, for kube-proxy's clusterCIDR
 MAX_NODES = 16
