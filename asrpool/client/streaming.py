@@ -95,7 +95,7 @@ async def stream_live(
                     if reader.done():
                         break
                     await _send_audio(ws, frame)
-                await ws.send(msgpack.packb({"type": "Marker", "id": MARKER_ID}))
+                await ws.send(packed({"type": "Marker", "id": MARKER_ID}))
                 await _flush_until(reader, ws, timeout)
             finally:
                 reader.cancel()
@@ -110,10 +110,15 @@ async def stream_live(
     return StreamResult(received, ended[0] == _MARKER)
 
 
+def packed(message: dict[str, Any]) -> bytes:
+    """One message as Kyutai's clients send it: samples as 32-bit floats (the file and
+    the live path alike), bytes (Ogg Opus pages) as msgpack's bin."""
+    return bytes(msgpack.packb(message, use_bin_type=True, use_single_float=True))
+
+
 async def _send_audio(ws: Any, pcm: Any) -> None:
     samples = np.asarray(pcm, dtype=np.float32)
-    await ws.send(msgpack.packb({"type": "Audio", "pcm": samples.tolist()},
-                                use_single_float=True))
+    await ws.send(packed({"type": "Audio", "pcm": samples.tolist()}))
 
 
 async def _flush_until(reader: asyncio.Task[str], ws: Any, timeout: float) -> None:
@@ -270,7 +275,7 @@ async def _send_paced(ws: Any, messages: Iterable[dict[str, Any]], rtf: float,
             upto += samples
             on_sent(samples, upto)
         try:
-            await ws.send(msgpack.packb(body, use_bin_type=True))
+            await ws.send(packed(body))
         except ConnectionClosed:
             return
         ahead = sent_seconds / rtf - (time.monotonic() - start)
