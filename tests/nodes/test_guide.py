@@ -131,7 +131,6 @@ class Walk:
     """Runs the guide's blocks in bash from the repository's root, with the reader's
     tools on PATH, as a reader pastes them."""
 
-    cluster: NodeCluster
     folder: Path
     placeholders: dict[str, str]
     env: dict[str, str]
@@ -143,13 +142,13 @@ class Walk:
         for index, block in enumerate(step.blocks):
             script, left_out = runnable(block, self.placeholders)
             skipped += left_out
-            output.append(self._bash(script, f"step-{step.number}-{index}"))
+            output.append(self.bash(script, f"step-{step.number}-{index}"))
         self.times.append({"step": step.number, "title": step.title,
                            "seconds": round(time.monotonic() - started, 1),
                            "skipped": skipped})
         return "\n".join(output)
 
-    def _bash(self, script: str, name: str) -> str:
+    def bash(self, script: str, name: str) -> str:
         log = self.folder / f"{name}.log"
         child = processes.spawn(name, ["bash", "-euo", "pipefail", "-c", script], log,
                                 env=self.env, cwd=ROOT)
@@ -226,7 +225,7 @@ def test_the_production_guide_runs_as_written(
     hub = hubs.Hub({MIRRORED_REPO: tmp_path / "repo"}, host=netns.HOST_ADDRESS)
     with registries.running(netns.REGISTRY, tmp_path / "registry") as registry, \
             hub.running():
-        walk = Walk(cluster, tmp_path / "walk", {
+        walk = Walk(tmp_path / "walk", {
             # A registry without TLS, as step 2 says to copy to one.
             "docker://registry.example": f"--dest-tls-verify=false docker://{registry}",
             "registry.example": registry,
@@ -311,7 +310,7 @@ def _uninstall(cluster: NodeCluster, walk: Walk) -> None:
     """What the walk made goes, as the next tests expect the cluster."""
     cluster.kubectl("delete", "asrpool", "--all", "-n", "speech", "--wait=true",
                     "--timeout=300s", check=False, timeout=330)
-    walk._bash("helm uninstall asrpool -n asrpool-system --wait --timeout 5m || true",
+    walk.bash("helm uninstall asrpool -n asrpool-system --wait --timeout 5m || true",
                "uninstall")
     for namespace in NAMESPACES:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=300s",
