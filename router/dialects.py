@@ -7,13 +7,17 @@ messages; a session's turns (its buffer, its items, their words) live on its pod
 neither resumes nor moves, and a lost pod ends it with an ``error`` event. Both take the
 same admission, slots, waiting room, limits and drain, and the relay passes their frames
 as they are; what differs is the pod's path, how the pod's first message reads (taken
-or refused), and how the router's own refusals are worded.
+or refused), how the router's own refusals are worded, and how a session's audio is
+counted for its key: Kyutai's ``Audio`` by its samples as the client sends it
+(``retiming.audio_samples``), a realtime session's by the seconds each turn's
+``...transcription.completed`` event says it transcribed (:func:`turn_seconds`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import msgpack
@@ -23,6 +27,11 @@ from asrpool.router import frames
 
 # A pod's first message: whether it took the stream, and if not its code and message.
 First = tuple[bool, str, str]
+# A pod's event for a transcribed turn, as its first bytes, and the usage it writes
+# before the transcript (server.realtime), within its first TURN_PEEK_BYTES.
+TURN_COMPLETED = b'{"type":"conversation.item.input_audio_transcription.completed",'
+TURN_SECONDS = re.compile(rb'"usage":\{"type":"duration","seconds":(\d+(?:\.\d+)?)\}')
+TURN_PEEK_BYTES = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,3 +96,13 @@ def _realtime_first(payload: bytes) -> First:
     error = body["error"] if isinstance(body.get("error"), dict) else {}
     return False, str(error.get("code") or ""), str(error.get("message") or
                                                       f"pod answered {body.get('type')!r}")
+
+
+def turn_seconds(data: bytes, start: int) -> float:
+    """The seconds of audio a pod's event whose (unmasked) payload starts at ``start``
+    in ``data`` says its turn transcribed, or 0 for any other event or one whose usage is
+    not in these bytes."""
+    if not data.startswith(TURN_COMPLETED, start):
+        return 0.0
+    found = TURN_SECONDS.search(data, start, start + TURN_PEEK_BYTES)
+    return float(found.group(1)) if found else 0.0

@@ -89,8 +89,9 @@ class Metrics:
         )
         self.key_audio_seconds = prometheus_client.Counter(
             "asrpool_router_key_audio_seconds",
-            "Seconds of audio clients sent (Kyutai's PCM streams), per API key, counted at "
-            "each connection's end", ["key"], registry=r,
+            "Seconds of audio clients sent (Kyutai's PCM streams; a realtime session's "
+            "transcribed turns), per API key, counted at each connection's end", ["key"],
+            registry=r,
         )
         self._key_labels: set[str] = set()
         # The configured prices, so that dashboards compute cost from one setting.

@@ -110,6 +110,7 @@ class Relay:
         self.counted = [0, 0]  # messages up and down already counted
         self.samples = 0  # of audio the client sent: the stream's clock (router.retiming)
         self.samples_before = 0  # of those, sent before this connection (a resume's)
+        self.turn_seconds = 0.0  # of audio a realtime session's turns transcribed
         self.messages_before = 0  # sent to the client before this connection (a resume's)
         self.up.peek = self._peek
         # Markers the client sent that no pod has answered yet (by id, oldest first): a
@@ -243,6 +244,8 @@ class Relay:
     def _peek_pod(self, data: bytes, start: int) -> None:
         if self.markers and data.startswith(retiming.MARKER_REPLY, start):
             self.markers.popleft()
+        elif not self.dialect.keeps_streams:  # realtime: its usage, once per turn
+            self.turn_seconds += dialects.turn_seconds(data, start)
 
     def _refuse_through_pod(self, refusal: refusals.Refusal, fragmented: bool) -> None:
         """A client message refused from a frame's header (that frame does not reach the

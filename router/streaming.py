@@ -331,7 +331,7 @@ async def run(
     finally:
         deps.sessions.discard(session)
         deps.meters.sessions_open.dec()
-        audio = (relay.samples - relay.samples_before) / protocol.SAMPLE_RATE
+        audio = (relay.samples - relay.samples_before) / protocol.SAMPLE_RATE + relay.turn_seconds
         deps.meters.key_audio_seconds.labels(deps.meters.key_label(request.key_id)).inc(audio)
     await finish(ws, relay, session, opened, end, deps)
 

@@ -298,10 +298,12 @@ class Session:
         if not pending.item_id:
             return []
         seconds = pending.samples / protocol.SAMPLE_RATE
+        # The usage before the transcript: routers read it from the event's first bytes
+        # (router.dialects.turn_seconds) to count each key's audio.
         return [event("conversation.item.input_audio_transcription.completed",
                       item_id=pending.item_id, content_index=0,
-                      transcript=" ".join(pending.words),
-                      usage={"type": "duration", "seconds": round(seconds, 3)})]
+                      usage={"type": "duration", "seconds": round(seconds, 3)},
+                      transcript=" ".join(pending.words))]
 
     def _delta(self, pending: _Pending, index: int) -> Event:
         text = pending.words[index] if index == 0 else " " + pending.words[index]
@@ -316,7 +318,8 @@ class Session:
                     "input_audio_transcription": self.transcription,
                     "turn_detection": self._turn_detection(),
                     "input_audio_noise_reduction": self.noise_reduction,
-                    "include": self.include, "modalities": ["text"], "client_secret": None}
+                    # No client_secret: OpenAI's is only in a session made over REST.
+                    "include": self.include, "modalities": ["text"]}
         return {"type": "transcription", "object": "realtime.transcription_session",
                 "audio": {"input": {"format": self._ga_format(),
                                     "transcription": self.transcription,

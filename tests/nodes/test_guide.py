@@ -12,6 +12,7 @@ What stands in here for what a reader brings of their own:
   taints its H100 nodes;
 - the Prometheus Operator: its CRDs (tools/cluster/user-tools), with no operator to
   read them;
+- their local port for step 7's port-forward: a free one;
 - the edits step 6 asks of the example pool (:func:`edited_example`): the mirror's
   model, an image the nodes hold, and what no GPU means here (no GPU asked, no NVIDIA
   runtime class, two slots on two cores, CPU's dtype).
@@ -117,12 +118,29 @@ def runnable(block: str, placeholders: dict[str, str]) -> tuple[str, list[str]]:
     return "\n".join(kept), skipped
 
 
-def test_what_the_walk_leaves_out_or_rewrites_is_in_the_guide() -> None:
-    """A skip or a rewrite that matches nothing would let the guide drift unseen."""
+def placeholders(registry: str, local_port: int, example: Path) -> dict[str, str]:
+    """What stands here for what the guide's reader has of their own, in the order they
+    are replaced."""
+    return {
+        # A registry without TLS, as step 2 says to copy to one.
+        "docker://registry.example": f"--dest-tls-verify=false docker://{registry}",
+        "registry.example": registry,
+        # The port-forward's local port: one that is free here.
+        "127.0.0.1:8080": f"127.0.0.1:{local_port}",
+        " 8080:80 ": f" {local_port}:80 ",
+        EXAMPLE: str(example),  # edited as step 6 asks
+    }
+
+
+def test_what_the_walk_leaves_out_or_replaces_is_in_the_guide() -> None:
+    """A skip, a rewrite or a placeholder that matches nothing would let the guide drift
+    from its walk unseen."""
     everything = [command.partition("  #")[0].strip() for step in guide_steps()
                   for block in step.blocks for command in commands(block)]
     assert [s for s in SKIPPED if not any(c.startswith(s) for c in everything)] == []
     assert [c for c in REWRITES if c not in everything] == []
+    stand_ins = placeholders("198.18.0.1:5000", 1, Path("pool.yaml"))
+    assert [p for p in stand_ins if not any(p in c for c in everything)] == []
     assert len(everything) > 20
 
 
@@ -223,14 +241,12 @@ def test_the_production_guide_runs_as_written(
     models.save_checkpoint_dir(models.build_random("tiny"), tmp_path / "repo",
                                preset.mimi_config, preset.lm_kwargs)
     hub = hubs.Hub({MIRRORED_REPO: tmp_path / "repo"}, host=netns.HOST_ADDRESS)
+    local_port = processes.free_port()
     with registries.running(netns.REGISTRY, tmp_path / "registry") as registry, \
             hub.running():
-        walk = Walk(tmp_path / "walk", {
-            # A registry without TLS, as step 2 says to copy to one.
-            "docker://registry.example": f"--dest-tls-verify=false docker://{registry}",
-            "registry.example": registry,
-            EXAMPLE: str(edited_example(hub.url, tmp_path)),
-        }, _environment(cluster))
+        example = edited_example(hub.url, tmp_path)
+        walk = Walk(tmp_path / "walk", placeholders(registry, local_port, example),
+                    _environment(cluster))
         checks = _checks(cluster, registry, gpu_node, hub)
         try:
             for step in steps:

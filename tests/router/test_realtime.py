@@ -22,6 +22,7 @@ import websockets
 from asrpool.common import auth, protocol
 from asrpool.router import keys
 from tests.router import support
+from tests.router.test_pods import router_metric
 from tests.server.test_realtime_sdk import SESSION, events_until, pcm16, strictly
 from tests.support import kyutai_client, servers
 from tests.support.redis_servers import RedisServer
@@ -74,6 +75,8 @@ async def _sessions(redis: aioredis.Redis) -> int:
 
 async def test_a_turn_through_the_router_holds_a_slot_and_gives_it_back(
         platform: Platform, redis: aioredis.Redis) -> None:
+    """And its key is counted the turn's audio seconds, as a Kyutai stream's are."""
+    billed = _key_audio_seconds(platform)
     audio = pcm16(2.0, seed=5)
     conn_manager = platform.client(base=f"/pools/{POOL}").realtime.connect(extra_query=INTENT)
     async with conn_manager as conn:
@@ -90,6 +93,12 @@ async def test_a_turn_through_the_router_holds_a_slot_and_gives_it_back(
     assert turn[-1].usage.seconds == 2.0
     await support.async_wait_until(
         lambda: _nothing_held(platform, redis), 20, "the slot and the session to be freed")
+    assert _key_audio_seconds(platform) == pytest.approx(billed + 2.0)
+
+
+def _key_audio_seconds(platform: Platform) -> float:
+    return router_metric(platform.router, 'asrpool_router_key_audio_seconds_total{key="rt"}') \
+        or 0.0
 
 
 async def _nothing_held(platform: Platform, redis: aioredis.Redis) -> bool:
