@@ -163,7 +163,7 @@ async def _send(ws: websockets.WebSocket, sending: asyncio.Lock,
                 events: list[realtime.Event]) -> None:
     async with sending:
         for item in events:
-            await ws.send_text(json.dumps(item, separators=(",", ":")))
+            await ws.send_text(realtime_events.text(item))
 
 
 async def _end(ws: websockets.WebSocket, pod: pods.Pod, outcome: outcomes.Failed) -> None:

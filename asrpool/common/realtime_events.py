@@ -35,8 +35,14 @@ def error(code: str, message: str, param: str | None = None,
                                  "param": param, "event_id": client_event_id})
 
 
+def text(item: Event) -> str:
+    """An event as a text message: compact JSON, its fields in their order (routers read
+    a turn's usage from the first bytes of its event, router.dialects.turn_seconds)."""
+    return json.dumps(item, separators=(",", ":"))
+
+
 def encode(item: Event) -> bytes:
-    return json.dumps(item, separators=(",", ":")).encode()
+    return text(item).encode()
 
 
 def subprotocol(offered: str) -> str | None:
